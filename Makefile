@@ -1,0 +1,64 @@
+# Set-up and the project's commands. Every target creates .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+NET ?= resnet152
+RANKS ?=
+MPIEXEC := $(VENV)/bin/mpiexec
+# `make experiment NET=... RANKS=2` runs one process per rank under MPI.
+LAUNCH := $(if $(RANKS),$(MPIEXEC) -n $(RANKS))
+
+.PHONY: install test test-py312 train experiment plot model validate-model benchmark gpu clean
+
+install: $(STAMP)
+
+# Chainer 7.8.1 ships as an sdist whose setup.py imports pkg_resources, which
+# setuptools>=81 no longer has: so setuptools<81 goes in first and Chainer is
+# built without build isolation, against the venv's own setuptools.
+$(STAMP): requirements.txt setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet 'setuptools<81' wheel 'numpy==1.26.4'
+	$(PY) -m pip install --quiet --no-build-isolation -r requirements.txt
+	$(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
+	touch $(STAMP)
+
+# The GPU extra: CuPy for CUDA 12.
+gpu: $(STAMP)
+	$(PY) -m pip install --quiet --no-build-isolation -e '.[gpu]'
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+# The current-stack leg: Python 3.12, NumPy 2, setuptools without
+# pkg_resources (see cgdp_chainer/_compat.py). Runs the import and model tests.
+test-py312:
+	bash .ci/py312.sh
+
+train: $(STAMP)
+	$(PY) -m experiments.train --net $(NET) $(ARGS)
+
+experiment: $(STAMP)
+	$(LAUNCH) $(PY) -m experiments.weak_scaling --net $(NET) \
+		$(if $(DEVICES),--devices $(DEVICES)) $(if $(BATCH),--batch $(BATCH)) \
+		$(if $(IMAGE_SIZE),--image-size $(IMAGE_SIZE)) \
+		$(if $(ITERATIONS),--iterations $(ITERATIONS)) \
+		$(if $(WARMUP),--warmup $(WARMUP)) \
+		$(if $(CHUNK_SIZE),--chunk-size $(CHUNK_SIZE)) $(if $(OUT),--out $(OUT))
+
+plot: $(STAMP)
+	$(PY) -m experiments.plot $(RUN)
+
+model: $(STAMP)
+	$(PY) -m experiments.costmodel_predict
+
+validate-model: $(STAMP)
+	$(PY) -m experiments.validate_model --net $(NET)
+
+benchmark: $(STAMP)
+	$(PY) -m benchmarks.baseline
+
+clean:
+	rm -rf $(VENV) .venv312 build *.egg-info

@@ -1,0 +1,108 @@
+"""Lets Chainer 7.8.1 import on current Python, NumPy and setuptools.
+
+Chainer 7.8.1 (2020) predates three removals. Each patch below fills one
+gap and only when the gap exists, so on the pinned stack (Python 3.11,
+NumPy 1.26, setuptools<81) it changes nothing that works. Import this
+module before the first ``import chainer``; ``cgdp_chainer`` and
+``models`` do so at the top.
+
+1. ``pkg_resources`` is gone from setuptools 81 on. Chainer's
+   ``_environment_check`` imports it to look up optional dependencies'
+   versions. A small stand-in built on ``importlib.metadata`` answers the
+   calls Chainer makes (``require``, ``get_distribution`` and the two
+   exceptions it catches).
+2. ``numpy.distutils`` is gone on Python 3.12 and NumPy 2, and on Python
+   3.11 it fails to import beside setuptools>=74 (its
+   ``distutils.msvccompiler`` was dropped). Chainer imports
+   ``numpy.distutils.system_info`` only to ask macOS for its BLAS; the
+   stand-in answers "no information", which skips that macOS-only warning.
+3. ``numpy.sctypes`` is gone in NumPy 2. Chainer's ``as_strided`` reads
+   it at import time; the dictionary is rebuilt with NumPy 1's contents.
+"""
+import importlib.metadata
+import re
+import sys
+import types
+
+import numpy
+
+
+def _install_pkg_resources_stand_in():
+    try:
+        import pkg_resources  # NOQA
+        return
+    except ImportError:
+        pass
+
+    module = types.ModuleType('pkg_resources')
+
+    class ResolutionError(Exception):
+        pass
+
+    class DistributionNotFound(ResolutionError):
+        pass
+
+    class VersionConflict(ResolutionError):
+        pass
+
+    class _Distribution(object):
+        def __init__(self, name):
+            try:
+                self.version = importlib.metadata.version(name)
+            except importlib.metadata.PackageNotFoundError:
+                raise DistributionNotFound(name)
+            self.project_name = name
+
+    def get_distribution(requirement):
+        name = re.split(r'[<>=!~;\[ ]', requirement, maxsplit=1)[0]
+        return _Distribution(name)
+
+    def require(requirement):
+        # Presence only: version specifiers are not checked, so a mismatch
+        # is never reported as a conflict (Chainer only warns on those).
+        return [get_distribution(requirement)]
+
+    module.ResolutionError = ResolutionError
+    module.DistributionNotFound = DistributionNotFound
+    module.VersionConflict = VersionConflict
+    module.get_distribution = get_distribution
+    module.require = require
+    sys.modules['pkg_resources'] = module
+
+
+def _install_numpy_distutils_stand_in():
+    try:
+        import numpy.distutils.system_info  # NOQA
+        return
+    except Exception:
+        # ImportError where it is gone; ModuleNotFoundError or AttributeError
+        # where setuptools' distutils lacks what it needs.
+        for name in list(sys.modules):
+            if name.startswith('numpy.distutils'):
+                del sys.modules[name]
+
+    package = types.ModuleType('numpy.distutils')
+    package.__path__ = []
+    system_info = types.ModuleType('numpy.distutils.system_info')
+    system_info.get_info = lambda name, notfound_action=0: {}
+    package.system_info = system_info
+    sys.modules['numpy.distutils'] = package
+    sys.modules['numpy.distutils.system_info'] = system_info
+
+
+def _install_numpy_sctypes():
+    if 'sctypes' in numpy.__dict__:
+        return
+    numpy.sctypes = {
+        'int': [numpy.int8, numpy.int16, numpy.int32, numpy.int64],
+        'uint': [numpy.uint8, numpy.uint16, numpy.uint32, numpy.uint64],
+        'float': [numpy.float16, numpy.float32, numpy.float64,
+                  numpy.longdouble],
+        'complex': [numpy.complex64, numpy.complex128, numpy.clongdouble],
+        'others': [bool, object, bytes, str, numpy.void],
+    }
+
+
+_install_pkg_resources_stand_in()
+_install_numpy_distutils_stand_in()
+_install_numpy_sctypes()

@@ -1,0 +1,21 @@
+from setuptools import setup
+
+setup(
+    name='cgdp-chainer',
+    version='0.1.0',
+    description='CPU-GPU data parallel (CGDP) training for Chainer',
+    packages=['cgdp_chainer', 'models', 'experiments'],
+    python_requires='>=3.11',
+    install_requires=[
+        'chainer==7.8.1',
+        'numpy',
+        'threadpoolctl',
+        'matplotlib',
+        'Pillow',
+    ],
+    extras_require={
+        'mpi': ['mpi4py', 'mpich'],
+        'gpu': ['cupy-cuda12x'],
+        'test': ['pytest'],
+    },
+)
