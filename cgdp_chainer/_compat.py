@@ -23,13 +23,17 @@ import importlib.metadata
 import re
 import sys
 import types
+import warnings
 
 import numpy
 
 
 def _install_pkg_resources_stand_in():
     try:
-        import pkg_resources  # NOQA
+        with warnings.catch_warnings():
+            # setuptools 67-80 warn on import that the API is deprecated.
+            warnings.simplefilter('ignore')
+            import pkg_resources  # NOQA
         return
     except ImportError:
         pass

@@ -1,0 +1,274 @@
+"""The host accumulator: master weights, the optimizer, per-chunk updates."""
+import concurrent.futures
+import os
+import threading
+import warnings
+
+import numpy
+
+
+class FailureBox(object):
+    """Holds the first exception raised by any CGDP thread.
+
+    Every wait in the runtime polls :attr:`event`, so one failure stops all
+    threads promptly and nothing waits forever.
+    """
+
+    def __init__(self):
+        self.event = threading.Event()
+        self._lock = threading.Lock()
+        self.error = None
+
+    def fail(self, error, where):
+        with self._lock:
+            if self.error is None:
+                try:
+                    error.add_note('(raised in the CGDP {})'.format(where))
+                except AttributeError:
+                    pass
+                self.error = error
+        self.event.set()
+
+    @property
+    def failed(self):
+        return self.event.is_set()
+
+
+class Aborted(Exception):
+    """Raised inside a CGDP thread that stops because another one failed."""
+
+
+def optimizer_hooks(optimizer):
+    """The optimizer's ``(pre, post)`` update hooks in registration order."""
+    hookable = optimizer._hookable
+    if hookable is None:
+        return [], []
+    return (list(hookable._pre_update_hooks.values()),
+            list(hookable._post_update_hooks.values()))
+
+
+def needs_whole_gradient(optimizer):
+    """Hooks that look at all gradients at once (e.g. global-norm clipping)
+    rather than one parameter at a time."""
+    pre, post = optimizer_hooks(optimizer)
+    hooks = pre + post
+    return [h for h in hooks if not getattr(h, 'call_for_each_param', False)]
+
+
+class HostAccumulator(object):
+    """Sums each chunk over the devices and updates it on the host.
+
+    The optimizer's target is the master model. Device workers call
+    :meth:`deliver` when a chunk's gradients are on their way; once all
+    devices have delivered chunk ``c``, a host thread waits for those copies,
+    reduces them into the master's gradients, runs the update rule of each of
+    the chunk's parameters (with the optimizer's per-parameter hooks) and
+    publishes the new values to every device.
+
+    If the optimizer has a hook that needs the whole gradient (such as
+    :class:`chainer.optimizer_hooks.GradientClipping`), chunks are only
+    reduced as they arrive and the update runs once after the last chunk,
+    as ``optimizer.update()``: the same result, with the update exposed.
+
+    Args:
+        optimizer (chainer.GradientMethod): Set up on the master model.
+        transfers (list): One transfer object per device
+            (see :mod:`cgdp_chainer.transfer`).
+        chunk_names (list of list of str): Parameter paths per chunk.
+        reduction (str): ``'mean'`` (weighted by each device's share of the
+            batch) or ``'sum'``.
+        failures (FailureBox): Shared with the device workers.
+        n_threads (int or None): Host threads; default: CPU count, at most 4.
+        timeline (Timeline or None): Records reduce, update, h2d and d2h.
+        allreducer (object or None): Sums chunks across MPI ranks (see
+            :mod:`cgdp_chainer.mpi`) after the local reduction.
+    """
+
+    def __init__(self, optimizer, transfers, chunk_names, reduction,
+                 failures, n_threads=None, timeline=None, allreducer=None):
+        self.optimizer = optimizer
+        self.transfers = transfers
+        self.chunk_names = chunk_names
+        self.reduction = reduction
+        self.failures = failures
+        self.timeline = timeline
+        self.allreducer = allreducer
+        self.master_params = dict(optimizer.target.namedparams())
+        for name, param in self.master_params.items():
+            if param.array is None:
+                raise ValueError(
+                    'parameter {} is not initialized: run one forward pass '
+                    'of the model (or give its layers input sizes) before '
+                    'building the updater'.format(name))
+            if param.grad is None or param.grad.shape != param.array.shape:
+                param.grad = numpy.zeros_like(param.array)
+        self.deferred_update = bool(needs_whole_gradient(optimizer))
+        if self.deferred_update:
+            warnings.warn(
+                'optimizer hook(s) {} need the whole gradient: CGDP reduces '
+                'chunks as they arrive but updates only after the last one, '
+                'which leaves the update on the critical path'.format(
+                    [getattr(h, 'name', type(h).__name__) for h in
+                     needs_whole_gradient(optimizer)]), stacklevel=3)
+        if n_threads is None:
+            n_threads = max(1, min(4, os.cpu_count() or 1))
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            n_threads, thread_name_prefix='cgdp-host')
+        self._lock = threading.Condition()
+        self._delivered = None
+        self._ready_events = None
+        self._remaining = 0
+        self.iteration = None
+        self._weights = None
+
+    def start_iteration(self, iteration, shares):
+        """Prepares for a new iteration.
+
+        Args:
+            iteration (int): Its number, for the timeline.
+            shares (list of float): Each device's fraction of the global
+                batch; used by ``reduction='mean'``.
+        """
+        n_chunks = len(self.chunk_names)
+        with self._lock:
+            self.iteration = iteration
+            self._delivered = [0] * n_chunks
+            self._ready_events = [[None] * len(self.transfers)
+                                  for _ in range(n_chunks)]
+            self._remaining = n_chunks + (1 if self.deferred_update else 0)
+        if self.reduction == 'sum':
+            self._weights = [1.0] * len(self.transfers)
+        else:
+            self._weights = list(shares)
+        if not self.deferred_update:
+            # Chainer's GradientMethod.update advances t once per update.
+            self.optimizer.t += 1
+
+    def deliver(self, device_index, chunk, ready):
+        """Called by a device worker after sending chunk ``chunk``.
+
+        Args:
+            device_index (int): The worker's device.
+            chunk (int): The chunk whose gradients were sent.
+            ready: What the transfer's ``wait_grads`` waits on.
+        """
+        with self._lock:
+            self._ready_events[chunk][device_index] = ready
+            self._delivered[chunk] += 1
+            complete = self._delivered[chunk] == len(self.transfers)
+        if complete:
+            self._pool.submit(self._guarded, self._process_chunk, chunk)
+
+    def wait(self, poll_seconds=0.05):
+        """Blocks until every chunk of the iteration is updated and
+        published, or a thread has failed (then returns; the caller raises).
+        """
+        with self._lock:
+            while self._remaining > 0 and not self.failures.failed:
+                self._lock.wait(poll_seconds)
+
+    def close(self):
+        """Stops the host threads (waits for running tasks to end)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _guarded(self, task, *args):
+        try:
+            if self.failures.failed:
+                return
+            task(*args)
+        except BaseException as error:
+            self.failures.fail(error, 'host accumulator')
+        finally:
+            with self._lock:
+                self._lock.notify_all()
+
+    def _span(self, kind, chunk):
+        if self.timeline is None:
+            return _NullSpan()
+        return self.timeline.span(self.iteration, 'host', kind, chunk)
+
+    def _process_chunk(self, chunk):
+        names = self.chunk_names[chunk]
+        with self._span('d2h', chunk):
+            for transfer, ready in zip(self.transfers,
+                                       self._ready_events[chunk]):
+                transfer.wait_grads(ready)
+        with self._span('reduce', chunk):
+            self._reduce(names)
+        if self.deferred_update:
+            with self._lock:
+                self._remaining -= 1
+                # Exactly one thread sees the count reach 1: all reduced.
+                last = self._remaining == 1
+                self._lock.notify_all()
+            if last:
+                self._update_whole_model()
+            return
+        with self._span('update', chunk):
+            self._update(names)
+        with self._span('h2d', chunk):
+            for transfer in self.transfers:
+                transfer.publish(chunk, names)
+        self._finish_one()
+
+    def _reduce(self, names):
+        transfers = self.transfers
+        weights = self._weights
+        equal = all(w == weights[0] for w in weights)
+        allreduce_arrays = []
+        for name in names:
+            out = self.master_params[name].grad
+            slots = [t.slots[name] for t in transfers]
+            if equal:
+                numpy.copyto(out, slots[0])
+                for slot in slots[1:]:
+                    numpy.add(out, slot, out=out)
+                if weights[0] != 1.0 and self.allreducer is None:
+                    out *= out.dtype.type(weights[0])
+            else:
+                numpy.multiply(slots[0], out.dtype.type(weights[0]), out=out)
+                for slot, weight in zip(slots[1:], weights[1:]):
+                    out += out.dtype.type(weight) * slot
+            allreduce_arrays.append(out)
+        if self.allreducer is not None and allreduce_arrays:
+            # Local shares are already weighted when unequal; the global
+            # mean divides by the number of ranks once more.
+            self.allreducer.start(allreduce_arrays).wait()
+            if self.reduction == 'mean':
+                scale = (weights[0] if equal else 1.0) / self.allreducer.size
+                for out in allreduce_arrays:
+                    out *= out.dtype.type(scale)
+
+    def _update(self, names):
+        optimizer = self.optimizer
+        pre, post = optimizer_hooks(optimizer)
+        for name in names:
+            param = self.master_params[name]
+            for hook in pre:
+                hook(param.update_rule, param)
+            param.update()
+            for hook in post:
+                hook(param.update_rule, param)
+
+    def _update_whole_model(self):
+        with self._span('update', None):
+            self.optimizer.update()
+        with self._span('h2d', None):
+            for chunk, names in enumerate(self.chunk_names):
+                for transfer in self.transfers:
+                    transfer.publish(chunk, names)
+        self._finish_one()
+
+    def _finish_one(self):
+        with self._lock:
+            self._remaining -= 1
+            self._lock.notify_all()
+
+
+class _NullSpan(object):
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

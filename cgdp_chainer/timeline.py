@@ -1,0 +1,152 @@
+"""Recording what every device and the host do during CGDP iterations."""
+import collections
+import json
+import threading
+import time
+
+EVENT_KINDS = ('forward', 'backward', 'd2h', 'reduce', 'update', 'h2d',
+               'wait')
+
+Event = collections.namedtuple(
+    'Event', ('iteration', 'device', 'kind', 'chunk', 'start', 'end'))
+Event.__doc__ = """One recorded interval.
+
+Attributes:
+    iteration (int): Updater iteration (0-based) the event belongs to.
+    device (int or str): Replica index, or ``'host'`` for the accumulator.
+    kind (str): One of :data:`EVENT_KINDS`.
+    chunk (int or None): Chunk index (0 holds the input-side stages).
+    start (float): Seconds since :attr:`Timeline.origin`.
+    end (float): Seconds since :attr:`Timeline.origin`.
+"""
+
+
+class Timeline(object):
+    """Thread-safe recorder of CGDP events and per-iteration summaries.
+
+    Pass an instance as ``timeline=`` to :class:`~cgdp_chainer.CGDPUpdater`.
+    Times come from :func:`time.perf_counter`; on GPUs the updater converts
+    CUDA event timings onto the same clock before recording them.
+
+    Args:
+        max_iterations (int or None): Keep events of at most this many most
+            recent iterations (summaries are always kept). ``None`` keeps all.
+    """
+
+    def __init__(self, max_iterations=None):
+        self.origin = time.perf_counter()
+        self.max_iterations = max_iterations
+        self._events = []
+        self._summaries = []
+        self._lock = threading.Lock()
+
+    def now(self):
+        """Seconds since :attr:`origin`."""
+        return time.perf_counter() - self.origin
+
+    def record(self, iteration, device, kind, chunk, start, end):
+        """Adds one event (times in seconds since :attr:`origin`)."""
+        if kind not in EVENT_KINDS:
+            raise ValueError('unknown event kind {!r}; valid kinds: {}'.format(
+                kind, ', '.join(EVENT_KINDS)))
+        with self._lock:
+            self._events.append(
+                Event(iteration, device, kind, chunk, start, end))
+
+    def span(self, iteration, device, kind, chunk=None):
+        """Context manager that records the time spent inside it."""
+        return _Span(self, iteration, device, kind, chunk)
+
+    def end_iteration(self, iteration, start, end):
+        """Closes an iteration and derives its summary from its events.
+
+        Args:
+            iteration (int): The iteration that ended.
+            start (float): When ``update()`` began (seconds since origin).
+            end (float): When ``update()`` returned (seconds since origin).
+        """
+        with self._lock:
+            events = [e for e in self._events if e.iteration == iteration]
+            devices = sorted({e.device for e in events if e.device != 'host'})
+            compute = {d: 0.0 for d in devices}
+            wait = {d: 0.0 for d in devices}
+            last_backward_end = start
+            for e in events:
+                if e.device == 'host':
+                    continue
+                if e.kind in ('forward', 'backward'):
+                    compute[e.device] += e.end - e.start
+                elif e.kind == 'wait':
+                    wait[e.device] += e.end - e.start
+                if e.kind == 'backward':
+                    last_backward_end = max(last_backward_end, e.end)
+            n = max(1, len(devices))
+            self._summaries.append({
+                'iteration': iteration,
+                'start': start,
+                'end': end,
+                'duration': end - start,
+                'compute': sum(compute.values()) / n,
+                'wait': sum(wait.values()) / n,
+                'exposed_sync': max(0.0, end - last_backward_end),
+            })
+            if self.max_iterations is not None:
+                keep = {s['iteration'] for s in
+                        self._summaries[-self.max_iterations:]}
+                self._events = [e for e in self._events
+                                if e.iteration in keep]
+
+    @property
+    def events(self):
+        """All recorded events (a copy), in recording order."""
+        with self._lock:
+            return list(self._events)
+
+    @property
+    def iteration_summaries(self):
+        """Per-iteration dicts: iteration, start, end, duration, compute
+        (mean per device), wait (mean per device), exposed_sync (from the
+        last backward's end on any device to the end of the iteration)."""
+        with self._lock:
+            return [dict(s) for s in self._summaries]
+
+    def events_of(self, iteration):
+        """Events of one iteration."""
+        return [e for e in self.events if e.iteration == iteration]
+
+    def to_chrome_trace(self):
+        """The events in Chrome's trace event format (Perfetto opens it)."""
+        trace = []
+        for e in self.events:
+            tid = 'host' if e.device == 'host' else 'device {}'.format(
+                e.device)
+            name = e.kind if e.chunk is None else '{} c{}'.format(
+                e.kind, e.chunk)
+            trace.append({
+                'name': name, 'cat': e.kind, 'ph': 'X', 'pid': 0,
+                'tid': tid, 'ts': e.start * 1e6,
+                'dur': max(0.0, e.end - e.start) * 1e6,
+                'args': {'iteration': e.iteration, 'chunk': e.chunk},
+            })
+        return {'traceEvents': trace, 'displayTimeUnit': 'ms'}
+
+    def export_chrome_trace(self, path):
+        """Writes :meth:`to_chrome_trace` as JSON to ``path``."""
+        with open(path, 'w') as f:
+            json.dump(self.to_chrome_trace(), f)
+
+
+class _Span(object):
+
+    def __init__(self, timeline, iteration, device, kind, chunk):
+        self._timeline = timeline
+        self._args = (iteration, device, kind, chunk)
+
+    def __enter__(self):
+        self._start = self._timeline.now()
+        return self
+
+    def __exit__(self, *exc):
+        self._timeline.record(*self._args, start=self._start,
+                              end=self._timeline.now())
+        return False

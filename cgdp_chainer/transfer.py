@@ -1,0 +1,164 @@
+"""Moving gradient chunks to the host and new weights back, per device kind.
+
+Two transfer classes share one interface, so the device workers and the host
+accumulator never branch on the device kind:
+
+- :class:`HostResidentTransfer` for ``'@numpy'`` replicas, whose memory is
+  host memory already: gradients are handed over by reference and replicas
+  read the master's parameter arrays directly, so no bytes are copied.
+- :class:`CudaTransfer` for ``'@cupy:N'`` replicas: pinned host buffers
+  allocated once, one copy stream each way, and CUDA events so that the copies
+  overlap the next chunk's backward and a chunk's next forward waits for its
+  own parameters only.
+"""
+import numpy
+
+
+class HostResidentTransfer(object):
+    """Zero-copy hand-over for replicas that live in host memory.
+
+    Args:
+        master_params (dict): Parameter path -> master ``chainer.Parameter``.
+        replica_params (dict): Parameter path -> the replica's parameter.
+    """
+
+    is_gpu = False
+
+    def __init__(self, master_params, replica_params):
+        self.master_params = master_params
+        self.replica_params = replica_params
+        self.slots = {}
+        self.publish(None, list(master_params))
+
+    def send_grads(self, names):
+        """Exposes the replica's gradients of ``names`` to the host.
+
+        Returns:
+            None: the gradients are ready at once.
+        """
+        for name in names:
+            grad = self.replica_params[name].grad
+            if grad is None:  # the parameter took no part in this loss
+                grad = numpy.zeros_like(self.master_params[name].array)
+            self.slots[name] = grad
+        return None
+
+    def wait_grads(self, ready):
+        """Blocks until the gradients sent with ``ready`` are in the slots."""
+
+    def publish(self, chunk, names):
+        """Makes the replica use the master's current values for ``names``."""
+        for name in names:
+            master = self.master_params[name].array
+            replica = self.replica_params[name]
+            if replica.array is not master:
+                # Update rules that rebind instead of updating in place.
+                replica.array = master
+
+    def wait_params(self, chunk):
+        """Makes the replica's next forward of ``chunk`` see its new values."""
+
+    def record(self):
+        """A timestamp token on this device's compute order (host clock)."""
+        return None
+
+    def close(self):
+        self.slots = {}
+
+
+class CudaTransfer(object):
+    """Asynchronous copies between a GPU replica and pinned host buffers.
+
+    Must be created and used with the replica's GPU as the current device
+    (the device worker's thread).
+
+    Args:
+        master_params (dict): Parameter path -> master parameter, whose
+            arrays :func:`pin_master` has placed in pinned memory.
+        replica_params (dict): Parameter path -> the replica's parameter.
+        device (chainer.backend.GpuDevice): The replica's GPU.
+    """
+
+    is_gpu = True
+
+    def __init__(self, master_params, replica_params, device):
+        import cupy
+        import cupyx
+        self._cupy = cupy
+        self.device = device
+        self.master_params = master_params
+        self.replica_params = replica_params
+        with cupy.cuda.Device(device.device.id):
+            self.d2h_stream = cupy.cuda.Stream(non_blocking=True)
+            self.h2d_stream = cupy.cuda.Stream(non_blocking=True)
+            self.slots = {
+                name: cupyx.empty_pinned(p.array.shape, p.array.dtype)
+                for name, p in master_params.items()}
+        self._params_ready = {}
+
+    def send_grads(self, names):
+        """Starts copying the gradients of ``names`` into the pinned slots.
+
+        Returns:
+            cupy.cuda.Event: Recorded on the copy stream after the copies.
+        """
+        cupy = self._cupy
+        with cupy.cuda.Device(self.device.device.id):
+            backward_done = cupy.cuda.get_current_stream().record()
+            self.d2h_stream.wait_event(backward_done)
+            for name in names:
+                grad = self.replica_params[name].grad
+                slot = self.slots[name]
+                if grad is None:
+                    slot.fill(0)
+                    continue
+                try:
+                    grad.get(stream=self.d2h_stream, out=slot, blocking=False)
+                except TypeError:  # CuPy before 13 has no `blocking`
+                    grad.get(stream=self.d2h_stream, out=slot)
+            return self.d2h_stream.record()
+
+    def wait_grads(self, ready):
+        if ready is not None:
+            ready.synchronize()
+
+    def publish(self, chunk, names):
+        """Starts copying the master's values of ``names`` to the GPU."""
+        cupy = self._cupy
+        with cupy.cuda.Device(self.device.device.id):
+            for name in names:
+                self.replica_params[name].array.set(
+                    self.master_params[name].array, stream=self.h2d_stream)
+            self._params_ready[chunk] = self.h2d_stream.record()
+
+    def wait_params(self, chunk):
+        """Orders the current stream after ``chunk``'s parameter copy,
+        without blocking the host."""
+        event = self._params_ready.pop(chunk, None)
+        if event is not None:
+            self._cupy.cuda.get_current_stream().wait_event(event)
+
+    def record(self):
+        return self._cupy.cuda.get_current_stream().record()
+
+    def close(self):
+        self.d2h_stream.synchronize()
+        self.h2d_stream.synchronize()
+        self._params_ready = {}
+
+
+def pin_master(master_params):
+    """Moves the master's parameter arrays into pinned host memory, so that
+    host-to-device copies run asynchronously at full bandwidth."""
+    import cupyx
+    for param in master_params.values():
+        pinned = cupyx.empty_pinned(param.array.shape, param.array.dtype)
+        pinned[...] = param.array
+        param.array = pinned
+
+
+def make_transfer(device, master_params, replica_params):
+    """The transfer class for ``device``'s kind."""
+    if device.xp is numpy:
+        return HostResidentTransfer(master_params, replica_params)
+    return CudaTransfer(master_params, replica_params, device)
