@@ -76,7 +76,9 @@ def _install_pkg_resources_stand_in():
 
 def _install_numpy_distutils_stand_in():
     try:
-        import numpy.distutils.system_info  # NOQA
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')  # its own deprecation notice
+            import numpy.distutils.system_info  # NOQA
         return
     except Exception:
         # ImportError where it is gone; ModuleNotFoundError or AttributeError

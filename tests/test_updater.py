@@ -1,0 +1,493 @@
+"""CGDPUpdater: equivalence with one device and with ParallelUpdater,
+Trainer integration, snapshots, failures and bad input."""
+import copy
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import warnings
+
+import numpy
+import pytest
+
+import cgdp_chainer
+import chainer
+import chainer.functions as F
+import chainer.links as L
+from chainer import optimizer_hooks
+from chainer.training import updaters
+
+import staged_models
+
+ITERATIONS = 3
+BATCH = 6
+
+
+def make_optimizer(kind):
+    if kind == 'momentum':
+        return chainer.optimizers.MomentumSGD(lr=0.1, momentum=0.9)
+    if kind == 'adam':
+        return chainer.optimizers.Adam(alpha=0.01)
+    if kind == 'momentum+decay':
+        return chainer.optimizers.MomentumSGD(lr=0.1, momentum=0.9)
+    raise ValueError(kind)
+
+
+def setup_optimizer(kind, model):
+    optimizer = make_optimizer(kind)
+    optimizer.setup(model)
+    if kind == 'momentum+decay':
+        optimizer.add_hook(optimizer_hooks.WeightDecay(0.01))
+    return optimizer
+
+
+def train(model, optimizer_kind, make_updater, iterations=ITERATIONS,
+          batch=BATCH, data=None):
+    optimizer = setup_optimizer(optimizer_kind, model)
+    iterator = chainer.iterators.SerialIterator(
+        data if data is not None else staged_models.dataset(), batch,
+        shuffle=False)
+    updater = make_updater(iterator, optimizer)
+    try:
+        for _ in range(iterations):
+            updater.update()
+    finally:
+        updater.finalize()
+    return {name: p.array.copy() for name, p in model.namedparams()}
+
+
+def assert_same_params(expected, actual, rtol=1e-5, atol=1e-6):
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        numpy.testing.assert_allclose(actual[name], expected[name], rtol=rtol,
+                                      atol=atol, err_msg=name)
+
+
+def standard(iterator, optimizer):
+    return updaters.StandardUpdater(iterator, optimizer)
+
+
+def parallel(n):
+    def make(iterator, optimizer):
+        devices = {'main': '@numpy'}
+        devices.update({'replica{}'.format(i): '@numpy' for i in range(1, n)})
+        return updaters.ParallelUpdater(iterator, optimizer, devices=devices)
+    return make
+
+
+def cgdp(n, **kwargs):
+    def make(iterator, optimizer):
+        return cgdp_chainer.CGDPUpdater(iterator, optimizer, ['@numpy'] * n,
+                                        **kwargs)
+    return make
+
+
+@pytest.mark.parametrize('optimizer_kind', ['momentum', 'adam',
+                                            'momentum+decay'])
+@pytest.mark.parametrize('n_devices', [1, 2, 3])
+def test_mean_equals_one_device_on_whole_batch(optimizer_kind, n_devices):
+    base = L.Classifier(staged_models.StagedMLP())
+    expected = train(copy.deepcopy(base), optimizer_kind, standard)
+    for chunk_size in (1, 3, 7):
+        actual = train(copy.deepcopy(base), optimizer_kind,
+                       cgdp(n_devices, chunk_size=chunk_size))
+        assert_same_params(expected, actual)
+    # Guard against a vacuous comparison: training changed the parameters.
+    initial = {n: p.array for n, p in base.namedparams()}
+    assert any(not numpy.allclose(initial[n], expected[n]) for n in initial)
+
+
+@pytest.mark.parametrize('optimizer_kind', ['momentum', 'adam',
+                                            'momentum+decay'])
+@pytest.mark.parametrize('n_devices', [2, 3])
+def test_sum_equals_parallel_updater(optimizer_kind, n_devices):
+    base = L.Classifier(staged_models.StagedMLP())
+    expected = train(copy.deepcopy(base), optimizer_kind, parallel(n_devices))
+    actual = train(copy.deepcopy(base), optimizer_kind,
+                   cgdp(n_devices, chunk_size=2, reduction='sum'))
+    assert_same_params(expected, actual)
+
+
+def test_uneven_split_is_weighted_by_share_of_batch():
+    base = L.Classifier(staged_models.StagedMLP())
+    data = staged_models.dataset(n=15)
+    expected = train(copy.deepcopy(base), 'momentum', standard, batch=5,
+                     data=data)
+    actual = train(copy.deepcopy(base), 'momentum', cgdp(2), batch=5,
+                   data=data)
+    assert_same_params(expected, actual)
+
+
+def test_chunk_boundaries_given_explicitly():
+    base = L.Classifier(staged_models.StagedMLP())
+    expected = train(copy.deepcopy(base), 'adam', standard)
+    actual = train(copy.deepcopy(base), 'adam', cgdp(2, chunk_size=[0, 2, 5]))
+    assert_same_params(expected, actual)
+
+
+def test_auxiliary_output_riding_through_chunks():
+    base = staged_models.StagedAux()
+
+    def loss_of_model(x, t):
+        return staged_models.aux_loss(model_ref[0](x), t)
+
+    model = copy.deepcopy(base)
+    model_ref = [model]
+    optimizer = setup_optimizer('momentum', model)
+    iterator = chainer.iterators.SerialIterator(
+        staged_models.dataset(), BATCH, shuffle=False)
+    reference = updaters.StandardUpdater(iterator, optimizer,
+                                         loss_func=loss_of_model)
+    for _ in range(ITERATIONS):
+        reference.update()
+    expected = {n: p.array.copy() for n, p in model.namedparams()}
+    for chunk_size in (1, 2, 4):
+        actual = train(copy.deepcopy(base), 'momentum',
+                       cgdp(2, chunk_size=chunk_size,
+                            loss_func=staged_models.aux_loss))
+        assert_same_params(expected, actual)
+
+
+def test_whole_gradient_hook_updates_after_last_chunk():
+    base = L.Classifier(staged_models.StagedMLP())
+
+    def with_clipping(make):
+        def wrapped(iterator, optimizer):
+            optimizer.add_hook(optimizer_hooks.GradientClipping(0.05))
+            return make(iterator, optimizer)
+        return wrapped
+
+    expected = train(copy.deepcopy(base), 'momentum', with_clipping(standard))
+    with pytest.warns(UserWarning, match='need the whole gradient'):
+        actual = train(copy.deepcopy(base), 'momentum',
+                       with_clipping(cgdp(2, chunk_size=2)))
+    assert_same_params(expected, actual)
+
+
+def test_model_without_stages_is_one_chunk_with_a_warning():
+    class Plain(chainer.Chain):
+        def __init__(self):
+            super(Plain, self).__init__()
+            with self.init_scope():
+                self.mlp = staged_models.StagedMLP()
+
+        def forward(self, x):
+            return self.mlp(x)
+
+    base = L.Classifier(Plain())
+    expected = train(copy.deepcopy(base), 'momentum', standard)
+    with pytest.warns(UserWarning, match='no stages'):
+        actual = train(copy.deepcopy(base), 'momentum', cgdp(2))
+    assert_same_params(expected, actual)
+
+
+def test_optimizer_t_advances_once_per_iteration():
+    model = L.Classifier(staged_models.StagedMLP())
+    optimizer = setup_optimizer('adam', model)
+    iterator = chainer.iterators.SerialIterator(
+        staged_models.dataset(), BATCH, shuffle=False)
+    updater = cgdp_chainer.CGDPUpdater(iterator, optimizer, ['@numpy'] * 2,
+                                       chunk_size=1)
+    for _ in range(4):
+        updater.update()
+    updater.finalize()
+    assert optimizer.t == 4
+    assert all(p.update_rule.t == 4 for p in model.params())
+
+
+def test_a_model_from_models_package():
+    models = pytest.importorskip('models')
+    base = models.Classifier(models.get_model('alexnet', n_classes=10,
+                                              seed=0))
+    rng = numpy.random.RandomState(0)
+    data = chainer.datasets.TupleDataset(
+        rng.normal(size=(8, 3, 64, 64)).astype(numpy.float32),
+        rng.randint(0, 10, 8).astype(numpy.int32))
+    # Dropout draws different masks on different replicas, so it is off
+    # here (globally: the device workers' threads read the global config).
+    chainer.global_config.train = False
+    try:
+        expected = train(copy.deepcopy(base), 'momentum', standard, batch=4,
+                         data=data)
+        actual = train(copy.deepcopy(base), 'momentum', cgdp(2, chunk_size=3),
+                       batch=4, data=data)
+    finally:
+        chainer.global_config.train = True
+    assert_same_params(expected, actual, rtol=1e-4, atol=1e-5)
+
+
+def test_trainer_reports_loss_accuracy_and_evaluates(tmp_path):
+    model = L.Classifier(staged_models.StagedMLP())
+    optimizer = setup_optimizer('momentum', model)
+    data = staged_models.dataset()
+    iterator = chainer.iterators.SerialIterator(data, BATCH, shuffle=False)
+    updater = cgdp_chainer.CGDPUpdater(iterator, optimizer, ['@numpy'] * 2)
+    trainer = chainer.training.Trainer(updater, (4, 'iteration'),
+                                       out=str(tmp_path))
+    seen = []
+
+    @chainer.training.make_extension(trigger=(1, 'iteration'))
+    def check_model_is_trained(trainer):
+        # The user's model holds the parameters of this very iteration.
+        seen.append(model.predictor.layers[0].W.array.copy())
+
+    trainer.extend(check_model_is_trained)
+    trainer.extend(chainer.training.extensions.Evaluator(
+        chainer.iterators.SerialIterator(data, BATCH, repeat=False,
+                                         shuffle=False), model),
+        trigger=(1, 'iteration'))
+    log = chainer.training.extensions.LogReport(trigger=(1, 'iteration'))
+    trainer.extend(log)
+    trainer.run()
+    assert len(log.log) == 4
+    for entry in log.log:
+        assert numpy.isfinite(entry['main/loss'])
+        assert 0.0 <= entry['main/accuracy'] <= 1.0
+        assert 'validation/main/loss' in entry
+    assert not numpy.allclose(seen[0], seen[-1])
+    assert threading.active_count() == _baseline_threads
+
+
+_baseline_threads = threading.active_count()
+
+
+def test_snapshot_resume_in_fresh_process_is_exact(tmp_path):
+    script = tmp_path / 'run.py'
+    script.write_text(textwrap.dedent('''
+        import sys
+        sys.path.insert(0, {tests!r})
+        import cgdp_chainer
+        import chainer, numpy
+        import chainer.links as L
+        import staged_models
+        mode, path, iterations = sys.argv[1], sys.argv[2], int(sys.argv[3])
+        model = L.Classifier(staged_models.StagedMLP())
+        optimizer = chainer.optimizers.Adam(alpha=0.01)
+        optimizer.setup(model)
+        iterator = chainer.iterators.SerialIterator(
+            staged_models.dataset(), 4,
+            order_sampler=chainer.iterators.ShuffleOrderSampler(
+                numpy.random.RandomState(3)))
+        updater = cgdp_chainer.CGDPUpdater(iterator, optimizer,
+                                           ['@numpy'] * 2, chunk_size=2)
+        if mode == 'resume':
+            chainer.serializers.load_npz(path, updater)
+        for _ in range(iterations):
+            updater.update()
+        if mode == 'save':
+            chainer.serializers.save_npz(path, updater)
+        else:
+            numpy.savez(path + '.params.npz',
+                        **{{n: p.array for n, p in model.namedparams()}})
+        updater.finalize()
+    ''').format(tests=os.path.dirname(__file__)))
+    snapshot = str(tmp_path / 'snap.npz')
+    straight = str(tmp_path / 'straight.npz')
+
+    def run(*args):
+        result = subprocess.run([sys.executable, str(script)] + list(args),
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+
+    run('save', snapshot, '3')
+    run('resume', snapshot, '3')
+    run('straight', straight, '6')
+    resumed = numpy.load(snapshot + '.params.npz')
+    uninterrupted = numpy.load(straight + '.params.npz')
+    for name in uninterrupted.files:
+        numpy.testing.assert_array_equal(resumed[name], uninterrupted[name])
+
+
+class _RaiseAt(chainer.Link):
+    """A stage that raises on one replica at one call."""
+
+    def __init__(self, at_call):
+        super(_RaiseAt, self).__init__()
+        self.at_call = at_call
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == self.at_call:
+            raise RuntimeError('injected stage failure')
+        return x
+
+
+class _FaultyMLP(staged_models.StagedMLP):
+    def __init__(self):
+        super(_FaultyMLP, self).__init__()
+        with self.init_scope():
+            self.fault = _RaiseAt(at_call=-1)
+
+    @property
+    def stages(self):
+        return super(_FaultyMLP, self).stages[:3] + [self.fault] + \
+            super(_FaultyMLP, self).stages[3:]
+
+
+def _run_until_error(updater, iterations=5):
+    outcome = {}
+
+    def target():
+        try:
+            for _ in range(iterations):
+                updater.update()
+        except BaseException as error:
+            outcome['error'] = error
+        finally:
+            updater.finalize()
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(timeout=120)
+    assert not thread.is_alive(), 'update() hung after a thread failed'
+    return outcome.get('error')
+
+
+def test_failure_in_a_device_worker_surfaces_with_traceback():
+    before = threading.active_count()
+    model = L.Classifier(_FaultyMLP())
+    optimizer = setup_optimizer('momentum', model)
+    iterator = chainer.iterators.SerialIterator(
+        staged_models.dataset(), BATCH, shuffle=False)
+    updater = cgdp_chainer.CGDPUpdater(iterator, optimizer, ['@numpy'] * 3,
+                                       chunk_size=2)
+    updater._replicas[1].predictor.fault.at_call = 2  # device 1, iteration 2
+    error = _run_until_error(updater)
+    assert isinstance(error, RuntimeError)
+    assert 'injected stage failure' in str(error)
+    frames = [frame.name for frame in
+              __import__('traceback').extract_tb(error.__traceback__)]
+    assert 'forward' in frames  # the stage's own frame is kept
+    assert any('device worker 1' in note for note in error.__notes__)
+    assert updater.iteration == 1
+    assert threading.active_count() == before
+
+
+def test_failure_in_the_host_update_surfaces_and_stops_threads():
+    before = threading.active_count()
+
+    class FailingHook(object):
+        name = 'failing'
+        call_for_each_param = True
+        timing = 'pre'
+
+        def __call__(self, rule, param):
+            if rule.t == 2:
+                raise ValueError('injected host failure')
+
+    model = L.Classifier(staged_models.StagedMLP())
+    optimizer = setup_optimizer('momentum', model)
+    optimizer.add_hook(FailingHook())
+    iterator = chainer.iterators.SerialIterator(
+        staged_models.dataset(), BATCH, shuffle=False)
+    updater = cgdp_chainer.CGDPUpdater(iterator, optimizer, ['@numpy'] * 2)
+    error = _run_until_error(updater)
+    assert isinstance(error, ValueError)
+    assert 'injected host failure' in str(error)
+    assert any('host accumulator' in note for note in error.__notes__)
+    assert threading.active_count() == before
+    with pytest.raises(RuntimeError, match='finalized or stopped'):
+        updater.update()
+
+
+def _updater(devices=('@numpy', '@numpy'), batch=BATCH, **kwargs):
+    model = L.Classifier(staged_models.StagedMLP())
+    optimizer = setup_optimizer('momentum', model)
+    iterator = chainer.iterators.SerialIterator(
+        staged_models.dataset(), batch, shuffle=False)
+    return cgdp_chainer.CGDPUpdater(iterator, optimizer, list(devices),
+                                    **kwargs)
+
+
+@pytest.mark.parametrize('kwargs, message', [
+    (dict(devices=[]), 'no devices'),
+    (dict(devices=['@numpy', 'gpu0']), "unknown device 'gpu0'"),
+    (dict(devices=['@numpy', '@cupy:0']), 'CuPy'),
+    (dict(devices=['@numpy'] * 3, batch=2), 'smaller than the number'),
+    (dict(chunk_size=0), 'out of range'),
+    (dict(chunk_size=8), 'out of range'),
+    (dict(chunk_size='fastest'), "unknown chunk_size 'fastest'"),
+    (dict(chunk_size=[1, 3]), 'starting at 0'),
+    (dict(reduction='max'), "unknown reduction 'max'"),
+])
+def test_bad_input_is_refused_before_training(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        _updater(**kwargs)
+
+
+def test_timeline_records_every_phase_and_exports_a_trace(tmp_path):
+    import json
+    timeline = cgdp_chainer.Timeline()
+    updater = _updater(chunk_size=2, timeline=timeline)
+    for _ in range(2):
+        updater.update()
+    updater.finalize()
+    kinds = {(e.device, e.kind) for e in timeline.events}
+    for device in (0, 1):
+        assert (device, 'forward') in kinds and (device, 'backward') in kinds
+    for kind in ('reduce', 'update', 'h2d'):
+        assert ('host', kind) in kinds
+    chunks = {e.chunk for e in timeline.events if e.kind == 'backward'}
+    assert chunks == set(range(len(updater.chunks)))
+    for event in timeline.events:
+        assert event.end >= event.start
+    summaries = timeline.iteration_summaries
+    assert [s['iteration'] for s in summaries] == [0, 1]
+    for s in summaries:
+        assert 0 <= s['exposed_sync'] <= s['duration']
+        assert 0 < s['compute'] <= s['duration']
+    path = tmp_path / 'trace.json'
+    timeline.export_chrome_trace(str(path))
+    trace = json.loads(path.read_text())
+    assert len(trace['traceEvents']) == len(timeline.events)
+    assert {e['ph'] for e in trace['traceEvents']} == {'X'}
+
+
+def test_host_reduction_order_within_a_chunk_backward_is_per_chunk():
+    # Each chunk's update happens before the next iteration, and the
+    # host processes a chunk only after every device delivered it.
+    timeline = cgdp_chainer.Timeline()
+    updater = _updater(devices=['@numpy'] * 3, chunk_size=1,
+                       timeline=timeline)
+    updater.update()
+    updater.finalize()
+    events = timeline.events
+    for chunk in range(len(updater.chunks)):
+        backward_ends = [e.end for e in events
+                         if e.kind == 'backward' and e.chunk == chunk]
+        reduce_start = [e.start for e in events
+                        if e.kind == 'reduce' and e.chunk == chunk][0]
+        assert len(backward_ends) == 3
+        assert reduce_start >= max(backward_ends)
+
+
+@pytest.mark.gpu
+def test_two_gpus_equal_one_device_on_whole_batch():
+    from cgdp_chainer import devices
+    n = min(2, devices.gpu_count())
+    base = L.Classifier(staged_models.StagedMLP())
+    expected = train(copy.deepcopy(base), 'momentum', standard)
+    gpus = ['@cupy:{}'.format(i) for i in range(n)]
+
+    def make(iterator, optimizer):
+        return cgdp_chainer.CGDPUpdater(iterator, optimizer, gpus,
+                                        chunk_size=2)
+    actual = train(copy.deepcopy(base), 'momentum', make)
+    assert_same_params(expected, actual, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_gpu_and_cpu_replicas_together_with_timeline():
+    timeline = cgdp_chainer.Timeline()
+    base = L.Classifier(staged_models.StagedMLP())
+    expected = train(copy.deepcopy(base), 'adam', standard)
+
+    def make(iterator, optimizer):
+        return cgdp_chainer.CGDPUpdater(iterator, optimizer,
+                                        ['@cupy:0', '@numpy'], chunk_size=1,
+                                        timeline=timeline)
+    actual = train(copy.deepcopy(base), 'adam', make)
+    assert_same_params(expected, actual, rtol=1e-4, atol=1e-5)
+    assert any(e.device == 0 and e.kind == 'backward'
+               for e in timeline.events)
