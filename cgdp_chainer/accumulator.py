@@ -215,28 +215,23 @@ class HostAccumulator(object):
         transfers = self.transfers
         weights = self._weights
         equal = all(w == weights[0] for w in weights)
-        allreduce_arrays = []
+        # Local weights wait until after the cross-rank sum when equal, so
+        # that the global mean is one scaling of the global sum.
+        scale = weights[0] if equal and self.allreducer is None else None
+        reduced = []
         for name in names:
             out = self.master_params[name].grad
             slots = [t.slots[name] for t in transfers]
             if equal:
-                numpy.copyto(out, slots[0])
-                for slot in slots[1:]:
-                    numpy.add(out, slot, out=out)
-                if weights[0] != 1.0 and self.allreducer is None:
-                    out *= out.dtype.type(weights[0])
+                reduce_sum(out, slots, scale)
             else:
-                numpy.multiply(slots[0], out.dtype.type(weights[0]), out=out)
-                for slot, weight in zip(slots[1:], weights[1:]):
-                    out += out.dtype.type(weight) * slot
-            allreduce_arrays.append(out)
-        if self.allreducer is not None and allreduce_arrays:
-            # Local shares are already weighted when unequal; the global
-            # mean divides by the number of ranks once more.
-            self.allreducer.start(allreduce_arrays).wait()
+                reduce_weighted(out, slots, weights)
+            reduced.append(out)
+        if self.allreducer is not None and reduced:
+            self.allreducer.start(reduced).wait()
             if self.reduction == 'mean':
                 scale = (weights[0] if equal else 1.0) / self.allreducer.size
-                for out in allreduce_arrays:
+                for out in reduced:
                     out *= out.dtype.type(scale)
 
     def _update(self, names):
@@ -263,6 +258,43 @@ class HostAccumulator(object):
         with self._lock:
             self._remaining -= 1
             self._lock.notify_all()
+
+
+# Elements per block of the reduction: the partial sum of a block stays in
+# the core's cache while the device slots stream past it once, so the sum
+# reads each slot once and writes the result once.
+REDUCE_BLOCK = 1 << 15
+
+
+def reduce_sum(out, slots, scale=None):
+    """``out[...] = scale * sum(slots)``, in cache-sized blocks.
+
+    Args:
+        out (numpy.ndarray): Destination (C-contiguous).
+        slots (list of numpy.ndarray): Arrays of ``out``'s shape.
+        scale (float or None): Factor applied to the sum, if any.
+    """
+    flat_out = out.reshape(-1)
+    flats = [s.reshape(-1) for s in slots]
+    factor = None if scale is None or scale == 1.0 else out.dtype.type(scale)
+    for begin in range(0, flat_out.size, REDUCE_BLOCK):
+        block = slice(begin, begin + REDUCE_BLOCK)
+        o = flat_out[block]
+        if len(flats) == 1:
+            numpy.copyto(o, flats[0][block])
+        else:
+            numpy.add(flats[0][block], flats[1][block], out=o)
+            for flat in flats[2:]:
+                numpy.add(o, flat[block], out=o)
+        if factor is not None:
+            o *= factor
+
+
+def reduce_weighted(out, slots, weights):
+    """``out[...] = sum(w * slot)`` for devices with unequal shares."""
+    numpy.multiply(slots[0], out.dtype.type(weights[0]), out=out)
+    for slot, weight in zip(slots[1:], weights[1:]):
+        out += out.dtype.type(weight) * slot
 
 
 class _NullSpan(object):
