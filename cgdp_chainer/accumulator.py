@@ -120,6 +120,8 @@ class HostAccumulator(object):
         self._remaining = 0
         self.iteration = None
         self._weights = None
+        self._sequence_base = 0
+        self._sequence_next = 0
 
     def start_iteration(self, iteration, shares):
         """Prepares for a new iteration.
@@ -136,6 +138,8 @@ class HostAccumulator(object):
             self._ready_events = [[None] * len(self.transfers)
                                   for _ in range(n_chunks)]
             self._remaining = n_chunks + (1 if self.deferred_update else 0)
+            self._sequence_base = self._sequence_next
+            self._sequence_next += n_chunks
         if self.reduction == 'sum':
             self._weights = [1.0] * len(self.transfers)
         else:
@@ -194,7 +198,8 @@ class HostAccumulator(object):
                                        self._ready_events[chunk]):
                 transfer.wait_grads(ready)
         with self._span('reduce', chunk):
-            self._reduce(names)
+            self._reduce(names, self._sequence_base +
+                         len(self.chunk_names) - 1 - chunk)
         if self.deferred_update:
             with self._lock:
                 self._remaining -= 1
@@ -211,7 +216,7 @@ class HostAccumulator(object):
                 transfer.publish(chunk, names)
         self._finish_one()
 
-    def _reduce(self, names):
+    def _reduce(self, names, sequence=None):
         transfers = self.transfers
         weights = self._weights
         equal = all(w == weights[0] for w in weights)
@@ -228,7 +233,9 @@ class HostAccumulator(object):
                 reduce_weighted(out, slots, weights)
             reduced.append(out)
         if self.allreducer is not None and reduced:
-            self.allreducer.start(reduced).wait()
+            # Host threads may finish chunks in any order; numbering them
+            # from the output end makes every rank send them alike.
+            self.allreducer.start(reduced, sequence=sequence).wait()
             if self.reduction == 'mean':
                 scale = (weights[0] if equal else 1.0) / self.allreducer.size
                 for out in reduced:

@@ -267,7 +267,11 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         self._set_chunk_size(size)
 
     def _advance_search(self, plan):
-        self._search.record(plan.duration())
+        seconds = plan.duration()
+        if self._allreducer is not None:
+            # Every rank must pick the same size: judge by the slowest.
+            seconds = self._allreducer.allreduce_scalar(seconds, op='max')
+        self._search.record(seconds)
         if self._search.done:
             size = self._search.best
             chainer.report({'cgdp/chunk_size': size})

@@ -1,0 +1,473 @@
+"""Hardware presets for the cost model, each number with its public source.
+
+A :class:`Hardware` describes one machine: the devices that hold the model
+replicas, how they reach the host (the CPU sockets and their memory) and each
+other, and how fast the host can reduce and update parameters. The cost model
+(:mod:`cgdp_chainer.costmodel`) turns it into resources of a discrete-event
+simulation:
+
+* ``compute[i]``: device ``i``'s compute (runs forward and backward).
+* ``copy_out[i]`` / ``copy_in[i]``: device ``i``'s copy engines, one each way
+  (first come, first served, one transfer at a time each).
+* ``link_up[g]`` / ``link_down[g]``: the device-to-socket link of link group
+  ``g`` (``host_link_shared`` devices per group, 1 = a dedicated link).
+* ``peer_out[i]`` / ``peer_in[i]``: device ``i``'s direct device-to-device
+  port (NVLink), where ``peer_scope`` says the hardware has one.
+* ``socket_link[s->t]``: the inter-socket link, one per direction.
+* ``host_mem[s]``: socket ``s``'s memory bandwidth, shared by every DMA to or
+  from that socket and by the host reduce/update threads.
+* ``cores`` (CPU replicas only): the cores that the replicas, the copies and
+  the host threads all share.
+
+Compute time on a preset without a measured profile is
+``FLOPs / (peak_flops * compute_efficiency)``; the efficiency factor of each
+preset is documented at its definition. Achieved bandwidths are given, not
+theoretical ones, where the preset says "in practice".
+
+The presets describe the machine as built (``physical_devices`` devices).
+Asked for more devices, the model extrapolates: more sockets of the same
+shape (``devices_per_socket`` devices each), reached over the same
+inter-socket link. Predictions past ``physical_devices`` are hypothetical.
+"""
+import dataclasses
+import math
+import os
+
+GB = 1e9
+TFLOPS = 1e12
+
+# An inter-node link for later MPI work: InfiniBand EDR, 100 Gb/s per port per
+# direction (InfiniBand Trade Association, EDR = 25 Gb/s x 4 lanes), i.e.
+# 12.5 GB/s; about 1 us MPI latency (OSU micro-benchmarks on EDR report
+# 1 to 1.5 us). Not used by the single-node model.
+INFINIBAND_EDR_BYTES_PER_S = 100e9 / 8
+INFINIBAND_EDR_LATENCY_S = 1.2e-6
+
+PEER_SCOPES = ('none', 'socket', 'all', 'pcie')
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    """One machine as the cost model sees it.
+
+    Bandwidths are bytes per second per direction; times are seconds.
+
+    Args:
+        name: Preset name.
+        description: One line for humans.
+        kind: ``'gpu'`` or ``'cpu'`` (CPU replicas that share the cores).
+        physical_devices: Devices the machine really has.
+        peak_flops: fp32 peak of one device, FLOP/s.
+        compute_efficiency: Achieved fraction of ``peak_flops`` on
+            convolution/linear layers (covers the layers the FLOP count leaves
+            out: normalisation, activations, pooling).
+        device_memory_bw: One device's memory bandwidth; bounds the on-device
+            gradient sum and update of the typical data parallel baseline.
+        device_array_overhead_s: Fixed cost per parameter array per on-device
+            operation (Chainer's Python dispatch plus a kernel launch).
+        devices_per_socket: Devices attached to each CPU socket.
+        host_link_bw: Device-to-socket link bandwidth per direction.
+        host_link_shared: Devices that share one device-to-socket link (a
+            PCIe switch uplink); 1 means a dedicated link.
+        copy_latency_s: Fixed cost of one copy (one parameter array).
+        copy_engine_bw: Bandwidth cap of one copy engine per direction.
+        peer_scope: Direct device-to-device links: ``'none'`` (copies are
+            staged through the host), ``'socket'`` (only devices on the same
+            socket are linked), ``'all'`` (every pair, e.g. NVSwitch) or
+            ``'pcie'`` (peer-to-peer over the PCIe links of one socket).
+        peer_bw: Bandwidth of a device's peer port per direction.
+        socket_link_bw: Inter-socket link bandwidth per direction.
+        host_memory_bw: Sustained memory bandwidth of one socket.
+        host_threads: Host threads that reduce and update parameters.
+        host_thread_bw: Streaming bandwidth one host thread achieves.
+        host_servers: Chunk jobs that the host runs at the same time (each
+            with ``host_threads / host_servers`` threads). The runtime's
+            accumulator gives each chunk to one pool thread, so the GPU
+            presets set ``host_servers == host_threads``.
+        host_op_overhead_s: Fixed cost per parameter array of one NumPy
+            call on the host (copy, add, scale in the reduction).
+        host_update_overhead_s: Fixed cost per parameter array of one
+            Chainer update rule call on the host (Python dispatch).
+        cores: Cores shared by CPU replicas (``kind == 'cpu'`` only).
+        internode_bw: Inter-node link bandwidth per direction (for MPI work;
+            not used by the single-node model).
+        internode_latency_s: Inter-node latency.
+        sources: Where the numbers come from.
+    """
+    name: str
+    description: str
+    kind: str
+    physical_devices: int
+    peak_flops: float
+    compute_efficiency: float
+    device_memory_bw: float
+    device_array_overhead_s: float
+    devices_per_socket: int
+    host_link_bw: float
+    host_link_shared: int
+    copy_latency_s: float
+    copy_engine_bw: float
+    peer_scope: str
+    peer_bw: float
+    socket_link_bw: float
+    host_memory_bw: float
+    host_threads: int
+    host_thread_bw: float
+    host_servers: int = 1
+    host_op_overhead_s: float = 2e-6
+    host_update_overhead_s: float = 25e-6
+    cores: int = 0
+    internode_bw: float = INFINIBAND_EDR_BYTES_PER_S
+    internode_latency_s: float = INFINIBAND_EDR_LATENCY_S
+    sources: str = ''
+
+    def __post_init__(self):
+        validate(self)
+
+    @property
+    def achieved_flops(self):
+        """FLOP/s one device achieves on the counted layers."""
+        return self.peak_flops * self.compute_efficiency
+
+    def replace(self, **changes):
+        """A copy with some fields changed (checked again)."""
+        return dataclasses.replace(self, **changes)
+
+
+def validate(hardware):
+    """Checks a :class:`Hardware` for impossible values.
+
+    Args:
+        hardware (Hardware): The description to check.
+
+    Raises:
+        ValueError: A bandwidth, count or time is negative or zero where it
+            must be positive, or a choice is unknown; the message names the
+            field and what is allowed.
+    """
+    if hardware.kind not in ('gpu', 'cpu'):
+        raise ValueError("hardware {!r}: kind {!r} is unknown; use 'gpu' or "
+                         "'cpu'".format(hardware.name, hardware.kind))
+    if hardware.peer_scope not in PEER_SCOPES:
+        raise ValueError('hardware {!r}: peer_scope {!r} is unknown; use one '
+                         'of {}'.format(hardware.name, hardware.peer_scope,
+                                        ', '.join(PEER_SCOPES)))
+    positive = ('peak_flops', 'compute_efficiency', 'device_memory_bw',
+                'host_link_bw', 'copy_engine_bw', 'socket_link_bw',
+                'host_memory_bw', 'host_thread_bw', 'internode_bw')
+    for field in positive:
+        value = getattr(hardware, field)
+        if not (isinstance(value, (int, float)) and value > 0
+                and not math.isnan(value)):
+            raise ValueError(
+                'hardware {!r}: {} must be a positive number (bytes/s, '
+                'FLOP/s or a fraction), got {!r}'.format(
+                    hardware.name, field, value))
+    if hardware.compute_efficiency > 1:
+        raise ValueError('hardware {!r}: compute_efficiency is a fraction of '
+                         'peak in (0, 1], got {!r}'.format(
+                             hardware.name, hardware.compute_efficiency))
+    if hardware.peer_scope != 'none' and not hardware.peer_bw > 0:
+        raise ValueError('hardware {!r}: peer_bw must be positive when '
+                         'peer_scope is {!r}, got {!r}'.format(
+                             hardware.name, hardware.peer_scope,
+                             hardware.peer_bw))
+    if hardware.peer_bw < 0:
+        raise ValueError('hardware {!r}: peer_bw must not be negative, got '
+                         '{!r}'.format(hardware.name, hardware.peer_bw))
+    non_negative = ('device_array_overhead_s', 'copy_latency_s',
+                    'internode_latency_s', 'host_op_overhead_s',
+                    'host_update_overhead_s')
+    for field in non_negative:
+        value = getattr(hardware, field)
+        if not (isinstance(value, (int, float)) and value >= 0):
+            raise ValueError('hardware {!r}: {} must be a time >= 0 seconds, '
+                             'got {!r}'.format(hardware.name, field, value))
+    counts = ('physical_devices', 'devices_per_socket', 'host_link_shared',
+              'host_threads', 'host_servers')
+    for field in counts:
+        value = getattr(hardware, field)
+        if not (isinstance(value, int) and value >= 1):
+            raise ValueError('hardware {!r}: {} must be an integer >= 1, got '
+                             '{!r}'.format(hardware.name, field, value))
+    if hardware.kind == 'cpu' and not (isinstance(hardware.cores, int)
+                                       and hardware.cores >= 1):
+        raise ValueError('hardware {!r}: a CPU preset needs cores >= 1, got '
+                         '{!r}'.format(hardware.name, hardware.cores))
+
+
+# --- IBM Power System S822LC for HPC ("Minsky"), the paper's machine -------
+# Sources: IBM Redpaper REDP-5405 "IBM Power System S822LC for High
+# Performance Computing Introduction and Technical Overview" (2016); NVIDIA
+# "Tesla P100 data center accelerator" datasheet and the Pascal P100
+# whitepaper (2016).
+MINSKY = Hardware(
+    name='minsky',
+    description='IBM S822LC for HPC: 2 POWER8 + 4 P100 SXM2, NVLink 1.0',
+    kind='gpu',
+    physical_devices=4,
+    # P100 SXM2: 10.6 TFLOP/s fp32 (NVIDIA P100 datasheet).
+    peak_flops=10.6 * TFLOPS,
+    # About half of peak: public tf_cnn_benchmarks runs train ResNet-50 at
+    # about 220 images/s fp32 on a P100 SXM2 = 220 x 3 x 7.7 GFLOP = 5.1
+    # TFLOP/s = 0.48 x peak. Chainer 7 with cuDNN is in the same range.
+    compute_efficiency=0.5,
+    # P100: 16 GB HBM2 at 732 GB/s (datasheet); elementwise kernels reach
+    # about 75% of it.
+    device_memory_bw=0.75 * 732 * GB,
+    # Chainer dispatches one update kernel per parameter array from Python
+    # (about 20 us of Python plus launch; an estimate, not a published value).
+    device_array_overhead_s=20e-6,
+    # REDP-5405: each POWER8 socket connects to two P100s; each GPU has two
+    # NVLink 1.0 bricks to its CPU and two to the other GPU of its socket.
+    devices_per_socket=2,
+    # NVLink 1.0: 20 GB/s per direction per link (P100 whitepaper); two links
+    # = 40 GB/s per direction. bandwidthTest on S822LC reports about 33-35
+    # GB/s host<->device; 34 GB/s is used as the achieved figure.
+    host_link_bw=34 * GB,
+    host_link_shared=1,
+    # cudaMemcpyAsync issue + DMA set-up: about 10 us per copy (typical
+    # measured small-copy latency on P100 systems).
+    copy_latency_s=10e-6,
+    copy_engine_bw=34 * GB,
+    peer_scope='socket',
+    peer_bw=34 * GB,
+    # REDP-5405: the two sockets are joined by the SMP X-bus at 38.4 GB/s.
+    socket_link_bw=38.4 * GB,
+    # REDP-5405: up to 115 GB/s sustained memory bandwidth per socket.
+    host_memory_bw=115 * GB,
+    # 2 x 10 POWER8 cores (REDP-5405, the 20-core configuration); one
+    # reduce/update thread per core of socket 0.
+    host_threads=10,
+    # One POWER8 core streams about 10 GB/s (STREAM triad per core on POWER8
+    # is 8-12 GB/s); an estimate.
+    host_thread_bw=10 * GB,
+    host_servers=10,
+    # Python on POWER8 runs a Chainer update rule call in about 30 us.
+    host_update_overhead_s=30e-6,
+    sources='IBM REDP-5405; NVIDIA P100 datasheet and whitepaper',
+)
+
+# --- 4 x P100 PCIe on a dual-socket x86 server -----------------------------
+# Sources: NVIDIA Tesla P100 PCIe datasheet; PCI-SIG PCIe 3.0 (8 GT/s x 16
+# lanes, 128b/130b = 15.75 GB/s per direction); Intel Xeon E5-2600 v4 product
+# brief (4 x DDR4-2400 channels = 76.8 GB/s per socket; 2 QPI links at
+# 9.6 GT/s = 19.2 GB/s per direction each).
+PCIE3 = Hardware(
+    name='pcie3',
+    description='4 P100 PCIe on PCIe 3.0 x16, dual-socket Xeon E5 v4 host',
+    kind='gpu',
+    physical_devices=4,
+    # P100 PCIe: 9.3 TFLOP/s fp32 (datasheet).
+    peak_flops=9.3 * TFLOPS,
+    # The same achieved fraction as the SXM2 part (see MINSKY).
+    compute_efficiency=0.5,
+    # P100 PCIe 16 GB: 732 GB/s HBM2 (datasheet); 75% achieved.
+    device_memory_bw=0.75 * 732 * GB,
+    device_array_overhead_s=20e-6,
+    # Two x16 slots per socket (40 lanes per E5 v4 socket).
+    devices_per_socket=2,
+    # PCIe 3.0 x16: 15.75 GB/s theoretical; about 12 GB/s with pinned memory
+    # in practice (CUDA bandwidthTest).
+    host_link_bw=12 * GB,
+    host_link_shared=1,
+    copy_latency_s=10e-6,
+    copy_engine_bw=12 * GB,
+    # Peer-to-peer over PCIe works between the GPUs of one root complex; a
+    # copy between sockets is staged through host memory.
+    peer_scope='pcie',
+    peer_bw=12 * GB,
+    # 2 QPI links x 19.2 GB/s per direction, about 70% achieved.
+    socket_link_bw=0.7 * 2 * 19.2 * GB,
+    # 76.8 GB/s peak per socket; STREAM reaches about 60 GB/s.
+    host_memory_bw=60 * GB,
+    # 14 cores per socket (E5-2680 v4); one update thread per core.
+    host_threads=14,
+    # One Broadwell core streams about 8 GB/s (STREAM per core); estimate.
+    host_thread_bw=8 * GB,
+    host_servers=14,
+    sources='NVIDIA P100 PCIe datasheet; PCI-SIG PCIe 3.0; Intel E5 v4',
+)
+
+# --- 4 x H100 SXM with PCIe Gen5 to the host, NVLink 4 between GPUs ---------
+# Sources: NVIDIA H100 Tensor Core GPU datasheet (SXM: 67 TFLOP/s fp32,
+# 3.35 TB/s HBM3, NVLink 900 GB/s bidirectional = 450 GB/s per direction);
+# PCI-SIG PCIe 5.0 (32 GT/s x 16 = 63 GB/s per direction); Intel Xeon
+# Platinum 8480+ (8 x DDR5-4800 = 307 GB/s per socket, 4 UPI links at 16 GT/s).
+H100_PCIE5 = Hardware(
+    name='h100-pcie5',
+    description='4 H100 SXM, PCIe Gen5 x16 to a dual Xeon 8480+, NVLink 4',
+    kind='gpu',
+    physical_devices=4,
+    peak_flops=67 * TFLOPS,
+    # Plain fp32 (no TF32 tensor cores assumed: Chainer 7 does not enable
+    # them for cuBLAS); a fraction of 0.5 as for P100. On H100 small per-GPU
+    # batches rarely fill the GPU, so this is optimistic for batch 16.
+    compute_efficiency=0.5,
+    device_memory_bw=0.75 * 3350 * GB,
+    device_array_overhead_s=20e-6,
+    devices_per_socket=2,
+    # PCIe 5.0 x16: 63 GB/s theoretical, about 55 GB/s per direction in
+    # practice (bandwidthTest on H100 SXM systems).
+    host_link_bw=55 * GB,
+    # Some chassis put two GPUs behind one PCIe switch uplink; set 2 then.
+    host_link_shared=1,
+    copy_latency_s=8e-6,
+    copy_engine_bw=55 * GB,
+    # HGX H100 boards connect every GPU pair (NVSwitch on 8-GPU boards); 450
+    # GB/s per direction per GPU, about 80% achieved by cudaMemcpyPeer.
+    peer_scope='all',
+    peer_bw=0.8 * 450 * GB,
+    # 4 UPI 2.0 links at 16 GT/s, about 32 GB/s per direction each
+    # theoretical; about 70% achieved.
+    socket_link_bw=0.7 * 4 * 32 * GB,
+    # 307 GB/s peak per socket, STREAM about 240 GB/s.
+    host_memory_bw=240 * GB,
+    # 56 cores per socket; 28 threads reduce and update (half a socket, the
+    # rest runs the data loader and the Python driver).
+    host_threads=28,
+    # One Sapphire Rapids core streams about 12 GB/s; estimate.
+    host_thread_bw=12 * GB,
+    host_servers=28,
+    sources='NVIDIA H100 datasheet; PCI-SIG PCIe 5.0; Intel Xeon 8480+',
+)
+
+# --- GH200 Grace Hopper superchips -----------------------------------------
+# Sources: NVIDIA GH200 Grace Hopper Superchip datasheet (H100 with 67 TFLOP/s
+# fp32 and 4 TB/s HBM3; NVLink-C2C 900 GB/s bidirectional = 450 GB/s per
+# direction; LPDDR5X up to 480 GB at up to 500 GB/s; 72 Neoverse V2 cores);
+# NVIDIA Grace CPU whitepaper.
+GH200 = Hardware(
+    name='gh200',
+    description='GH200 superchips: H100 + Grace over NVLink-C2C, LPDDR5X',
+    kind='gpu',
+    physical_devices=4,
+    peak_flops=67 * TFLOPS,
+    compute_efficiency=0.5,
+    device_memory_bw=0.75 * 4000 * GB,
+    device_array_overhead_s=20e-6,
+    # One GPU per Grace; a 4-superchip node (e.g. quad GH200 blades) is the
+    # physical configuration assumed.
+    devices_per_socket=1,
+    # NVLink-C2C: 450 GB/s per direction; host<->device copies reach about
+    # 85% of it (published bandwidthTest results on GH200, about 380-420).
+    host_link_bw=0.85 * 450 * GB,
+    host_link_shared=1,
+    copy_latency_s=8e-6,
+    copy_engine_bw=0.85 * 450 * GB,
+    # Quad-GH200 nodes link the Hoppers all-to-all with NVLink 4 (6 links,
+    # 150 GB/s per direction, per pair); port bandwidth taken as that.
+    peer_scope='all',
+    peer_bw=0.8 * 150 * GB,
+    # Grace-to-Grace traffic in a quad node also crosses NVLink between the
+    # superchips: 150 GB/s per direction per pair, about 80% achieved; an
+    # assumption about the node, not a datasheet figure.
+    socket_link_bw=0.8 * 150 * GB,
+    # LPDDR5X up to 500 GB/s (datasheet); STREAM on Grace about 400 GB/s.
+    host_memory_bw=400 * GB,
+    host_threads=36,
+    # One Neoverse V2 core streams about 15 GB/s; estimate.
+    host_thread_bw=15 * GB,
+    host_servers=36,
+    sources='NVIDIA GH200 datasheet; NVIDIA Grace whitepaper',
+)
+
+GPU_PRESETS = {hw.name: hw for hw in (MINSKY, PCIE3, H100_PCIE5, GH200)}
+CPU_PRESET = 'this-cpu'
+PRESET_NAMES = tuple(GPU_PRESETS) + (CPU_PRESET,)
+
+
+def available_cores():
+    """Cores this process may run on (its affinity mask where known)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def this_cpu(profile):
+    """The ``this-cpu`` preset: CPU replicas on this machine's cores.
+
+    Compute times, copy bandwidth and the host accumulator's throughput come
+    from the measured profile (see ``experiments.profile``), not from this
+    object; it carries what the simulation needs about sharing: the replicas,
+    their copies and the host threads all run on ``cores`` cores.
+
+    Args:
+        profile (dict): A profile measured on this machine with
+            ``device == '@numpy'``.
+
+    Returns:
+        Hardware: The preset.
+
+    Raises:
+        ValueError: The profile was not measured on CPU replicas or lacks
+            the copy and host measurements.
+    """
+    if profile is None:
+        raise ValueError("preset 'this-cpu' needs a measured profile (run "
+                         "python -m experiments.profile --device @numpy)")
+    if profile.get('device') != '@numpy':
+        raise ValueError("preset 'this-cpu' needs a profile measured on "
+                         "'@numpy', got device {!r}".format(
+                             profile.get('device')))
+    for key in ('copy', 'host', 'machine'):
+        if key not in profile:
+            raise ValueError("preset 'this-cpu': the profile lacks its {!r} "
+                             "section; measure it again with "
+                             "experiments.profile".format(key))
+    copy = profile['copy']
+    machine = profile['machine']
+    cores = int(machine.get('cores', available_cores()))
+    bandwidth = float(copy['h2d_bytes_per_s'])
+    return Hardware(
+        name=CPU_PRESET,
+        description='CPU replicas sharing {} core(s) of this machine'.format(
+            cores),
+        kind='cpu',
+        physical_devices=max(1, cores),
+        # Not used for compute (the profile has measured times), but
+        # describes the machine: FLOP/s measured on the profiled stages.
+        peak_flops=float(machine.get('achieved_flops', 1e10)) or 1e10,
+        compute_efficiency=1.0,
+        device_memory_bw=bandwidth,
+        device_array_overhead_s=0.0,
+        devices_per_socket=max(1, cores),
+        host_link_bw=bandwidth,
+        host_link_shared=1,
+        copy_latency_s=float(copy.get('latency_s', 0.0)),
+        copy_engine_bw=bandwidth,
+        peer_scope='none',
+        peer_bw=0.0,
+        socket_link_bw=bandwidth,
+        host_memory_bw=float(copy.get('memory_bytes_per_s', 4 * bandwidth)),
+        host_threads=int(profile['host'].get('threads', 1)),
+        host_thread_bw=bandwidth,
+        host_servers=int(profile['host'].get('threads', 1)),
+        cores=cores,
+        sources='measured by experiments.profile on this machine',
+    )
+
+
+def get_hardware(name_or_hardware, profile=None):
+    """Resolves a preset name (or passes a :class:`Hardware` through).
+
+    Args:
+        name_or_hardware (str or Hardware): ``'minsky'``, ``'pcie3'``,
+            ``'h100-pcie5'``, ``'gh200'`` or ``'this-cpu'``.
+        profile (dict): Needed for ``'this-cpu'``.
+
+    Returns:
+        Hardware: The preset.
+
+    Raises:
+        ValueError: The name is unknown (the message lists the presets).
+    """
+    if isinstance(name_or_hardware, Hardware):
+        return name_or_hardware
+    if name_or_hardware in GPU_PRESETS:
+        return GPU_PRESETS[name_or_hardware]
+    if name_or_hardware == CPU_PRESET:
+        return this_cpu(profile)
+    raise ValueError('unknown hardware preset {!r}; choose one of {}'.format(
+        name_or_hardware, ', '.join(PRESET_NAMES)))
