@@ -1,0 +1,1 @@
+"""Stand-alone timing scripts (run as ``python -m benchmarks.NAME``)."""
