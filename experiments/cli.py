@@ -1,0 +1,216 @@
+"""Command-line helpers shared by the experiment scripts.
+
+Every script reports bad input the same way: one line ``error: ...`` on
+stderr and exit status 2, no usage dump and no traceback. The argument
+types here check positive integers, device lists (through
+:mod:`cgdp_chainer.devices`, the one place that knows device specifiers),
+network names and chunk sizes, and turn a failed check into such a line.
+"""
+import argparse
+import sys
+import warnings
+
+# setuptools warns when Chainer (through cgdp_chainer._compat) imports
+# pkg_resources; on the command line that warning would bury the one-line
+# errors and clutter every run's output.
+warnings.filterwarnings('ignore', message='pkg_resources is deprecated',
+                        category=UserWarning)
+
+from cgdp_chainer import devices as devices_module  # NOQA: after the filter
+
+EXIT_USAGE = 2
+
+
+def fail(message):
+    """Prints ``error: message`` as one line on stderr and exits with 2.
+
+    Args:
+        message (str): What is wrong and, where possible, what to do.
+
+    Raises:
+        SystemExit: Always, with status 2.
+    """
+    one_line = ' '.join(str(message).split())
+    sys.stderr.write('error: {}\n'.format(one_line))
+    sys.stderr.flush()
+    raise SystemExit(EXIT_USAGE)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """An :class:`argparse.ArgumentParser` whose errors are one line.
+
+    argparse prints the usage and ``prog: error: ...``; the scripts of this
+    project print only ``error: ...`` (see :func:`fail`), so that callers and
+    tests can rely on a single, greppable line.
+    """
+
+    def error(self, message):
+        fail(message)
+
+
+def positive_int(text):
+    """argparse type: an integer greater than zero.
+
+    Args:
+        text (str): The argument as typed.
+
+    Returns:
+        int: The value.
+
+    Raises:
+        argparse.ArgumentTypeError: Not an integer, or not positive.
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            '{!r} is not an integer'.format(text))
+    if value <= 0:
+        raise argparse.ArgumentTypeError(
+            'must be a positive integer, got {}'.format(value))
+    return value
+
+
+def non_negative_int(text):
+    """argparse type: an integer greater than or equal to zero.
+
+    Args:
+        text (str): The argument as typed.
+
+    Returns:
+        int: The value.
+
+    Raises:
+        argparse.ArgumentTypeError: Not an integer, or negative.
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            '{!r} is not an integer'.format(text))
+    if value < 0:
+        raise argparse.ArgumentTypeError(
+            'must be a non-negative integer, got {}'.format(value))
+    return value
+
+
+def positive_float(text):
+    """argparse type: a finite number greater than zero.
+
+    Args:
+        text (str): The argument as typed.
+
+    Returns:
+        float: The value.
+
+    Raises:
+        argparse.ArgumentTypeError: Not a number, or not positive.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError('{!r} is not a number'.format(text))
+    if not 0 < value < float('inf'):
+        raise argparse.ArgumentTypeError(
+            'must be a positive number, got {}'.format(text))
+    return value
+
+
+def device_list(text):
+    """argparse type: a comma-separated list of device specifiers.
+
+    Each item is checked by :func:`cgdp_chainer.devices.parse_devices`, so an
+    unknown specifier, or a CuPy device where CuPy or the GPU is missing, is
+    rejected here with that module's message.
+
+    Args:
+        text (str): E.g. ``'@numpy,@numpy'`` or ``'@cupy:0,@numpy'``.
+
+    Returns:
+        list of str: The stripped specifiers, one per replica.
+
+    Raises:
+        argparse.ArgumentTypeError: An item is invalid.
+    """
+    try:
+        devices_module.parse_devices(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error))
+    return devices_module.split_spec(text)
+
+
+def single_device(text):
+    """argparse type: exactly one device specifier.
+
+    Args:
+        text (str): E.g. ``'@numpy'`` or ``'@cupy:0'``.
+
+    Returns:
+        list of str: A list holding the one specifier (the same shape as
+        :func:`device_list` gives, so both can share a destination).
+
+    Raises:
+        argparse.ArgumentTypeError: Not exactly one valid specifier.
+    """
+    specs = device_list(text)
+    if len(specs) != 1:
+        raise argparse.ArgumentTypeError(
+            'takes one device, got {}; use --devices for a list'.format(
+                len(specs)))
+    return specs
+
+
+def net_name(text):
+    """argparse type: the name of one of the networks in :mod:`models`.
+
+    Args:
+        text (str): The network's name.
+
+    Returns:
+        str: The name.
+
+    Raises:
+        argparse.ArgumentTypeError: Not a known network.
+    """
+    import models
+    if text not in models.NETWORKS:
+        raise argparse.ArgumentTypeError(
+            'unknown network {!r}; choose from {}'.format(
+                text, ', '.join(sorted(models.NETWORKS))))
+    return text
+
+
+def chunk_size(text):
+    """argparse type: a CGDP chunk size, a positive integer or a policy.
+
+    Args:
+        text (str): A positive integer, ``'auto'`` or ``'model'``.
+
+    Returns:
+        int or str: The integer, or the policy's name.
+
+    Raises:
+        argparse.ArgumentTypeError: Neither.
+    """
+    if text in ('auto', 'model'):
+        return text
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            "must be a positive integer, 'auto' or 'model', got {!r}".format(
+                text))
+
+
+def check_image_size(net, image_size):
+    """Fails (exit 2) if ``image_size`` is too small for network ``net``.
+
+    Args:
+        net (str): Network name.
+        image_size (int): Side of the input images.
+    """
+    import models
+    try:
+        models.check_image_size(net, image_size)
+    except ValueError as error:
+        fail(str(error))

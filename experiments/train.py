@@ -1,0 +1,472 @@
+"""Trains one of the reference networks with a chosen data parallel updater.
+
+Example::
+
+    python -m experiments.train --net resnet152 --updater cgdp \\
+        --devices @numpy,@numpy --batchsize 8 --image-size 64 \\
+        --iterations 20 --out result
+
+Runs on Chainer's :class:`~chainer.training.Trainer` with a log, a printed
+report, a progress bar and snapshots (``snapshot_iter_N`` every
+``--snapshot-every`` iterations and at the end). Training is deterministic:
+the model's initial weights, the synthetic data, the order of the examples,
+the augmentation of real images and the global random state used by dropout
+all derive from ``--seed`` and the iteration, so ``--resume`` from a snapshot
+ends with exactly the parameters of an uninterrupted run.
+
+:func:`build_model`, :func:`build_optimizer`, :func:`build_iterator` and
+:func:`build_updater` are the construction steps, reused by the other
+experiment scripts.
+"""
+import os
+import sys
+import time
+
+from experiments import cli  # NOQA: first, it silences import-time warnings
+
+from cgdp_chainer import datasets
+from cgdp_chainer import devices as devices_module
+
+import chainer
+from chainer import training
+from chainer.training import extensions
+import numpy
+
+UPDATERS = ('standard', 'parallel', 'cgdp')
+REDUCTIONS = ('mean', 'sum')
+DEFAULT_CHUNK_SIZE = 1
+DEFAULT_REDUCTION = 'mean'
+REPORT_ENTRIES = ['iteration', 'main/loss', 'main/accuracy', 'elapsed_time']
+
+# Tag of the stream that reseeds the global random state (see
+# ReseedGlobalRandom); distinct from the streams of cgdp_chainer.datasets.
+_STREAM_GLOBAL = 101
+
+
+def build_model(net, n_classes=1000, seed=0):
+    """The network ``net`` with fixed initial weights, wrapped for training.
+
+    Args:
+        net (str): A name in ``models.NETWORKS``.
+        n_classes (int): Number of output classes.
+        seed (int): Seed of the initial weights.
+
+    Returns:
+        models.Classifier: The classifier; its ``predictor`` is the network.
+    """
+    import models
+    return models.Classifier(
+        models.get_model(net, n_classes=n_classes, seed=seed))
+
+
+def build_optimizer(model, lr=0.01, momentum=0.9):
+    """MomentumSGD set up on ``model``.
+
+    Args:
+        model (chainer.Link): The model to optimize.
+        lr (float): Learning rate.
+        momentum (float): Momentum.
+
+    Returns:
+        chainer.optimizers.MomentumSGD: The optimizer.
+    """
+    optimizer = chainer.optimizers.MomentumSGD(lr=lr, momentum=momentum)
+    optimizer.setup(model)
+    return optimizer
+
+
+def build_dataset(image_size, n_classes=1000, seed=0, length=1024,
+                  train_list=None, root='.'):
+    """The training data: synthetic, or the images of a list file.
+
+    Args:
+        image_size (int): Side of the images given to the network (the crop
+            size for real images).
+        n_classes (int): Number of classes (labels of a list must be below).
+        seed (int): Seed of the synthetic data or of the augmentation.
+        length (int): Number of synthetic examples.
+        train_list (str or None): A ``PATH LABEL`` list file; synthetic data
+            if ``None``.
+        root (str): Folder the list's paths are relative to.
+
+    Returns:
+        chainer.dataset.DatasetMixin: The dataset.
+
+    Raises:
+        cgdp_chainer.datasets.ImageListError: The list is missing or bad.
+    """
+    if train_list is None:
+        return datasets.SyntheticImageNet(length, image_size,
+                                          n_classes=n_classes, seed=seed)
+    return datasets.image_list_dataset(train_list, root, image_size,
+                                       train=True, seed=seed,
+                                       n_classes=n_classes)
+
+
+def build_iterator(dataset, batchsize, seed=0):
+    """A repeating iterator whose shuffled order depends only on ``seed``.
+
+    Args:
+        dataset: The training dataset.
+        batchsize (int): Examples per iteration, over all devices.
+        seed (int): Seed of the order.
+
+    Returns:
+        cgdp_chainer.datasets.SeededSerialIterator: The iterator.
+    """
+    return datasets.SeededSerialIterator(dataset, batchsize, seed=seed)
+
+
+class _ResumableParallelUpdater(training.updaters.ParallelUpdater):
+    """Chainer's ParallelUpdater, with replicas refreshed after a resume.
+
+    ParallelUpdater copies the model into its replicas when it is built and
+    copies the parameters back only after each update, so after loading a
+    snapshot the replicas would compute the first gradients from the initial
+    weights. Copying the loaded parameters into them fixes that; everything
+    else is Chainer's.
+    """
+
+    def serialize(self, serializer):
+        super(_ResumableParallelUpdater, self).serialize(serializer)
+        if isinstance(serializer, chainer.serializer.Deserializer):
+            main_model = self.get_optimizer('main').target
+            for model in self._models.values():
+                if model is not main_model:
+                    model.copyparams(main_model)
+
+
+def _device_specs(devices):
+    return [device if isinstance(device, str) else device.name
+            for device in devices]
+
+
+def build_updater(kind, iterator, optimizer, devices, chunk_size=None,
+                  reduction=None, timeline=None, **cgdp_options):
+    """The updater of one of the three training modes.
+
+    Args:
+        kind (str): ``'standard'`` (StandardUpdater on one device),
+            ``'parallel'`` (Chainer's ParallelUpdater, devices named
+            ``main``, ``replica1``, ...) or ``'cgdp'``
+            (:class:`cgdp_chainer.CGDPUpdater`).
+        iterator: The training iterator.
+        optimizer: The optimizer, set up on the model.
+        devices (sequence): Device specifiers or Chainer devices, one per
+            replica.
+        chunk_size (int, str or None): CGDP chunk size (``'auto'``,
+            ``'model'`` or a positive int); CGDP's default if ``None``.
+        reduction (str or None): CGDP gradient reduction, ``'mean'`` or
+            ``'sum'``; ``'mean'`` if ``None``.
+        timeline (cgdp_chainer.Timeline or None): CGDP event recorder.
+        **cgdp_options: Further keyword arguments of CGDPUpdater (e.g.
+            ``blas_threads``, ``mpi_comm``).
+
+    Returns:
+        chainer.training.Updater: The updater (it places the model).
+
+    Raises:
+        ValueError: Unknown kind or device, more than one device for
+            ``'standard'``, or CGDP options for another kind.
+    """
+    specs = _device_specs(devices)
+    parsed = devices_module.parse_devices(specs)
+    if kind != 'cgdp':
+        for name, value in (('chunk_size', chunk_size),
+                            ('reduction', reduction), ('timeline', timeline)):
+            if value is not None:
+                raise ValueError('{} applies only to the cgdp updater, not '
+                                 '{!r}'.format(name, kind))
+        if cgdp_options:
+            raise ValueError('{} apply only to the cgdp updater'.format(
+                ', '.join(sorted(cgdp_options))))
+    if kind == 'standard':
+        if len(parsed) != 1:
+            raise ValueError('the standard updater takes one device, got '
+                             '{}; use parallel or cgdp'.format(len(parsed)))
+        return training.updaters.StandardUpdater(
+            iterator, optimizer, device=parsed[0])
+    if kind == 'parallel':
+        device_dict = {'main': parsed[0]}
+        for index, device in enumerate(parsed[1:], start=1):
+            device_dict['replica{}'.format(index)] = device
+        return _ResumableParallelUpdater(iterator, optimizer,
+                                         devices=device_dict)
+    if kind == 'cgdp':
+        from cgdp_chainer import CGDPUpdater
+        return CGDPUpdater(
+            iterator, optimizer, specs,
+            chunk_size=DEFAULT_CHUNK_SIZE if chunk_size is None
+            else chunk_size,
+            reduction=DEFAULT_REDUCTION if reduction is None else reduction,
+            timeline=timeline, **cgdp_options)
+    raise ValueError('unknown updater {!r}; choose from {}'.format(
+        kind, ', '.join(UPDATERS)))
+
+
+def _global_seed(seed, iteration):
+    sequence = numpy.random.SeedSequence([_STREAM_GLOBAL, seed, iteration])
+    return int(sequence.generate_state(1)[0])
+
+
+class ReseedGlobalRandom(training.Extension):
+    """Reseeds the global random states from ``(seed, iteration)``.
+
+    Dropout draws its masks from NumPy's (or CuPy's) global random state,
+    which snapshots do not save. Reseeding before every iteration from the
+    seed and the iteration number makes the masks of iteration ``k`` the same
+    whether or not the run was resumed on the way.
+
+    Args:
+        seed (int): The run's seed.
+    """
+
+    trigger = 1, 'iteration'
+    priority = training.PRIORITY_WRITER
+
+    def __init__(self, seed):
+        self.seed = seed
+
+    def _reseed(self, trainer):
+        value = _global_seed(self.seed, trainer.updater.iteration)
+        numpy.random.seed(value)
+        cupy = devices_module.cupy_module()
+        if cupy is not None:
+            cupy.random.seed(value)
+
+    def initialize(self, trainer):
+        # Before the first iteration of this run (after a resume, too).
+        self._reseed(trainer)
+
+    def __call__(self, trainer):
+        # After iteration k, for iteration k + 1.
+        self._reseed(trainer)
+
+
+def _save_npz_uncompressed(filename, obj):
+    # Weights and momenta are noise to zlib: compressing a ResNet-152
+    # snapshot takes tens of seconds and saves almost nothing.
+    chainer.serializers.save_npz(filename, obj, compression=False)
+
+
+def _default_interval(iterations):
+    return max(1, min(10, iterations // 10))
+
+
+def build_trainer(updater, iterations, out, snapshot_every=None,
+                  log_interval=None, seed=0):
+    """The Trainer with log, printed report, progress bar and snapshots.
+
+    Args:
+        updater: The updater.
+        iterations (int): Stop after this many iterations in total.
+        out (str): Output folder (``log``, ``snapshot_iter_N``).
+        snapshot_every (int or None): Also snapshot every so many
+            iterations; only at the end if ``None``.
+        log_interval (int or None): Iterations between log entries and
+            progress bar updates; between 1 and 10 by default.
+        seed (int): Seed for the global random states (dropout).
+
+    Returns:
+        chainer.training.Trainer: The trainer.
+    """
+    trainer = training.Trainer(updater, (iterations, 'iteration'), out=out)
+    interval = log_interval or _default_interval(iterations)
+
+    def snapshot_due(trainer):
+        iteration = trainer.updater.iteration
+        return iteration == iterations or bool(
+            snapshot_every and iteration % snapshot_every == 0)
+
+    trainer.extend(ReseedGlobalRandom(seed))
+    trainer.extend(extensions.LogReport(trigger=(interval, 'iteration')))
+    # Chainer binds sys.stdout as a default argument at import time; passing
+    # the current one lets callers (and pytest) redirect the output.
+    trainer.extend(extensions.PrintReport(REPORT_ENTRIES, out=sys.stdout))
+    trainer.extend(extensions.ProgressBar(update_interval=interval,
+                                          out=sys.stdout))
+    trainer.extend(
+        extensions.snapshot(savefun=_save_npz_uncompressed,
+                            filename='snapshot_iter_{.updater.iteration}'),
+        trigger=snapshot_due)
+    return trainer
+
+
+def build_parser():
+    """The command-line parser of this script."""
+    parser = cli.ArgumentParser(
+        prog='python -m experiments.train',
+        description='Train a reference network with the standard, parallel '
+                    'or CGDP updater.')
+    parser.add_argument('--net', required=True, type=cli.net_name,
+                        help='network: alexnet, googlenet, vgg16, resnet152 '
+                             '(see models.NETWORKS)')
+    parser.add_argument('--updater', choices=UPDATERS, default='standard',
+                        help='standard: one device; parallel: Chainer\'s '
+                             'ParallelUpdater; cgdp: CGDPUpdater '
+                             '(default: standard)')
+    device_group = parser.add_mutually_exclusive_group()
+    device_group.add_argument(
+        '--devices', type=cli.device_list, dest='devices', metavar='LIST',
+        help="comma-separated replicas: '@numpy' (may repeat) or "
+             "'@cupy:N' (default: @numpy)")
+    device_group.add_argument('--device', type=cli.single_device,
+                              dest='devices', metavar='DEVICE',
+                              help='one device (alias of --devices)')
+    parser.add_argument('--batchsize', '-b', type=cli.positive_int,
+                        default=8, metavar='N',
+                        help='examples per iteration, over all devices '
+                             '(default: 8)')
+    parser.add_argument('--image-size', type=cli.positive_int, default=224,
+                        metavar='PX', help='side of the input images, the '
+                        'crop size for --train-list (default: 224)')
+    parser.add_argument('--iterations', type=cli.positive_int, default=20,
+                        metavar='N', help='iterations in total (default: 20)')
+    parser.add_argument('--classes', type=cli.positive_int, default=1000,
+                        metavar='N', help='number of classes (default: 1000)')
+    parser.add_argument('--out', '-o', default='result', metavar='DIR',
+                        help='folder of the log and snapshots '
+                             '(default: result)')
+    parser.add_argument('--resume', metavar='SNAPSHOT',
+                        help='snapshot file to resume from')
+    parser.add_argument('--snapshot-every', type=cli.positive_int,
+                        metavar='K', help='also snapshot every K iterations '
+                                          '(default: only at the end)')
+    parser.add_argument('--log-interval', type=cli.positive_int, metavar='N',
+                        help='iterations between log entries and progress '
+                             'bar updates (default: 1 to 10)')
+    parser.add_argument('--train-list', metavar='LIST',
+                        help='"PATH LABEL" list of training images; '
+                             'synthetic data if not given')
+    parser.add_argument('--root', default='.', metavar='DIR',
+                        help='folder the --train-list paths are relative to')
+    parser.add_argument('--train-length', type=cli.positive_int,
+                        default=1024, metavar='N',
+                        help='number of synthetic examples (default: 1024)')
+    parser.add_argument('--chunk-size', type=cli.chunk_size, metavar='SIZE',
+                        help="CGDP chunk size: N, 'auto' or 'model' "
+                             "(default: {})".format(DEFAULT_CHUNK_SIZE))
+    parser.add_argument('--reduction', choices=REDUCTIONS,
+                        help='CGDP gradient reduction (default: {})'.format(
+                            DEFAULT_REDUCTION))
+    parser.add_argument('--trace', metavar='FILE',
+                        help='write a Chrome trace JSON of the CGDP '
+                             'timeline to this file')
+    parser.add_argument('--seed', type=cli.non_negative_int, default=0,
+                        help='seed of the weights, data, order and dropout '
+                             '(default: 0)')
+    parser.add_argument('--lr', type=cli.positive_float, default=0.01,
+                        help='MomentumSGD learning rate (default: 0.01)')
+    parser.add_argument('--momentum', type=float, default=0.9,
+                        help='MomentumSGD momentum (default: 0.9)')
+    return parser
+
+
+def parse_args(argv=None):
+    """Parses and checks the command line; exits with 2 on bad input.
+
+    Args:
+        argv (list of str or None): Arguments; ``sys.argv[1:]`` if ``None``.
+
+    Returns:
+        argparse.Namespace: The arguments, ``devices`` a list of specifiers.
+    """
+    args = build_parser().parse_args(argv)
+    if args.devices is None:
+        args.devices = ['@numpy']
+    cli.check_image_size(args.net, args.image_size)
+    n_devices = len(args.devices)
+    if args.batchsize < n_devices:
+        cli.fail('--batchsize {} is smaller than the number of devices ({}); '
+                 'every device needs at least one example'.format(
+                     args.batchsize, n_devices))
+    if args.updater == 'standard' and n_devices != 1:
+        cli.fail('--updater standard runs on one device, got {}; use '
+                 '--updater parallel or cgdp'.format(n_devices))
+    if args.updater != 'cgdp':
+        for option, value in (('--chunk-size', args.chunk_size),
+                              ('--reduction', args.reduction),
+                              ('--trace', args.trace)):
+            if value is not None:
+                cli.fail('{} applies only to --updater cgdp'.format(option))
+    if not 0 <= args.momentum < 1:
+        cli.fail('--momentum must be in [0, 1), got {}'.format(
+            args.momentum))
+    if args.resume is not None and not os.path.isfile(args.resume):
+        cli.fail('snapshot {!r} does not exist'.format(args.resume))
+    if args.train_list is None and args.root != '.':
+        cli.fail('--root applies only with --train-list')
+    return args
+
+
+def run(args):
+    """Trains as ``args`` say (see :func:`parse_args`).
+
+    Args:
+        args (argparse.Namespace): Checked arguments.
+
+    Returns:
+        chainer.training.Trainer: The trainer after the run.
+    """
+    try:
+        dataset = build_dataset(args.image_size, n_classes=args.classes,
+                                seed=args.seed, length=args.train_length,
+                                train_list=args.train_list, root=args.root)
+    except datasets.ImageListError as error:
+        cli.fail(str(error))
+    model = build_model(args.net, n_classes=args.classes, seed=args.seed)
+    optimizer = build_optimizer(model, lr=args.lr, momentum=args.momentum)
+    iterator = build_iterator(dataset, args.batchsize, seed=args.seed)
+    timeline = None
+    if args.trace is not None:
+        from cgdp_chainer import Timeline
+        timeline = Timeline()
+    updater = build_updater(args.updater, iterator, optimizer, args.devices,
+                            chunk_size=args.chunk_size,
+                            reduction=args.reduction, timeline=timeline)
+    started = False
+    try:
+        trainer = build_trainer(updater, args.iterations, args.out,
+                                snapshot_every=args.snapshot_every,
+                                log_interval=args.log_interval,
+                                seed=args.seed)
+        if args.resume is not None:
+            try:
+                chainer.serializers.load_npz(args.resume, trainer)
+            except Exception as error:
+                # A truncated file, another network's snapshot or no
+                # snapshot at all: bad input, not a bug.
+                cli.fail('cannot resume from {!r}: {}: {}'.format(
+                    args.resume, type(error).__name__, error))
+        start_time = time.perf_counter()
+        started = True
+        trainer.run()  # finalizes the updater (its threads) on exit
+    finally:
+        if not started:
+            updater.finalize()
+    seconds = time.perf_counter() - start_time
+    if timeline is not None:
+        trace_dir = os.path.dirname(os.path.abspath(args.trace))
+        os.makedirs(trace_dir, exist_ok=True)
+        timeline.export_chrome_trace(args.trace)
+        print('wrote the Chrome trace to {}'.format(args.trace))
+    print('trained {} to iteration {} in {:.1f} s; log and snapshots in '
+          '{}'.format(args.net, updater.iteration, seconds, args.out))
+    return trainer
+
+
+def main(argv=None):
+    """Command-line entry point.
+
+    Args:
+        argv (list of str or None): Arguments; ``sys.argv[1:]`` if ``None``.
+
+    Returns:
+        int: Exit status 0 (bad input exits with 2 through SystemExit).
+    """
+    run(parse_args(argv))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
