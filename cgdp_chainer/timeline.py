@@ -57,14 +57,19 @@ class Timeline(object):
         """Context manager that records the time spent inside it."""
         return _Span(self, iteration, device, kind, chunk)
 
-    def end_iteration(self, iteration, start, end):
+    def end_iteration(self, iteration, start, end, sync_end=None):
         """Closes an iteration and derives its summary from its events.
 
         Args:
             iteration (int): The iteration that ended.
             start (float): When ``update()`` began (seconds since origin).
             end (float): When ``update()`` returned (seconds since origin).
+            sync_end (float): When the last chunk's new weights were
+                published (defaults to ``end``); the exposed sync is the
+                time from the last backward to this point.
         """
+        if sync_end is None:
+            sync_end = end
         with self._lock:
             events = [e for e in self._events if e.iteration == iteration]
             devices = sorted({e.device for e in events if e.device != 'host'})
@@ -88,7 +93,7 @@ class Timeline(object):
                 'duration': end - start,
                 'compute': sum(compute.values()) / n,
                 'wait': sum(wait.values()) / n,
-                'exposed_sync': max(0.0, end - last_backward_end),
+                'exposed_sync': max(0.0, sync_end - last_backward_end),
             })
             if self.max_iterations is not None:
                 keep = {s['iteration'] for s in
@@ -106,7 +111,8 @@ class Timeline(object):
     def iteration_summaries(self):
         """Per-iteration dicts: iteration, start, end, duration, compute
         (mean per device), wait (mean per device), exposed_sync (from the
-        last backward's end on any device to the end of the iteration)."""
+        last backward's end on any device until the last chunk's weights
+        are published)."""
         with self._lock:
             return [dict(s) for s in self._summaries]
 

@@ -233,6 +233,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             plan.wait_workers(self._failures)
             if not self._failures.failed:
                 self._accumulator.wait()
+        sync_end = timeline.now() if timeline is not None else None
         if self._failures.failed:
             self._stop_threads()
             raise self._failures.error
@@ -241,7 +242,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         self._report(plan.observations, shares)
         if timeline is not None:
             end = timeline.now()
-            timeline.end_iteration(self.iteration, start, end)
+            timeline.end_iteration(self.iteration, start, end, sync_end)
         if self._search is not None and not self._search.done:
             self._advance_search(plan)
 
@@ -262,7 +263,14 @@ class CGDPUpdater(standard_updater.StandardUpdater):
 
     def _choose_chunk_size_from_model(self, sample_batch):
         from cgdp_chainer import costmodel
-        size = costmodel.choose_chunk_size_for_updater(self, sample_batch)
+        # The profile runs the first replica's loss, which reports to its
+        # own observers; a private reporter keeps that out of the Trainer's.
+        reporter = chainer.Reporter()
+        replica = self._replicas[0]
+        reporter.add_observer('main', replica)
+        reporter.add_observers('main', replica.namedlinks(skipself=True))
+        with reporter.scope({}):
+            size = costmodel.choose_chunk_size_for_updater(self, sample_batch)
         self._model_chosen = True
         self._set_chunk_size(size)
 

@@ -491,3 +491,52 @@ def test_gpu_and_cpu_replicas_together_with_timeline():
     assert_same_params(expected, actual, rtol=1e-4, atol=1e-5)
     assert any(e.device == 0 and e.kind == 'backward'
                for e in timeline.events)
+
+
+def test_auto_chunk_size_search_trains_exactly_like_fixed_chunks():
+    # The trial iterations are real training steps: any chunk size gives
+    # the same parameters, so the searched run equals a fixed-size run.
+    base = L.Classifier(staged_models.StagedMLP())
+    iterations = 12
+    expected = train(copy.deepcopy(base), 'momentum', cgdp(2, chunk_size=1),
+                     iterations=iterations, data=staged_models.dataset(n=96))
+    model = copy.deepcopy(base)
+    optimizer = setup_optimizer('momentum', model)
+    iterator = chainer.iterators.SerialIterator(
+        staged_models.dataset(n=96), BATCH, shuffle=False)
+    updater = cgdp_chainer.CGDPUpdater(iterator, optimizer, ['@numpy'] * 2,
+                                       chunk_size='auto')
+    observed = []
+    reporter = chainer.Reporter()
+    for _ in range(iterations):
+        observation = {}
+        with reporter.scope(observation):
+            updater.update()
+        observed.append(observation.get('cgdp/chunk_size'))
+    updater.finalize()
+    actual = {n: p.array.copy() for n, p in model.namedparams()}
+    assert_same_params(expected, actual)
+    assert updater._search.done
+    assert updater.chunk_size == updater._search.best
+    assert 1 <= updater.chunk_size <= updater.n_stages
+    assert len({size for size, _ in updater._search.history}) >= 2
+    assert observed[-1] == updater.chunk_size
+
+
+def test_model_chosen_chunk_size_inside_a_trainer(tmp_path):
+    base = L.Classifier(staged_models.StagedMLP())
+    expected = train(copy.deepcopy(base), 'momentum', standard, iterations=2)
+    model = copy.deepcopy(base)
+    optimizer = setup_optimizer('momentum', model)
+    iterator = chainer.iterators.SerialIterator(
+        staged_models.dataset(), BATCH, shuffle=False)
+    updater = cgdp_chainer.CGDPUpdater(iterator, optimizer, ['@numpy'] * 2,
+                                       chunk_size='model')
+    trainer = chainer.training.Trainer(updater, (2, 'iteration'),
+                                       out=str(tmp_path))
+    trainer.extend(chainer.training.extensions.LogReport(
+        trigger=(1, 'iteration')))
+    trainer.run()
+    assert 1 <= updater.chunk_size <= updater.n_stages
+    actual = {n: p.array.copy() for n, p in model.namedparams()}
+    assert_same_params(expected, actual)
