@@ -14,6 +14,7 @@ import numpy
 from cgdp_chainer import accumulator as accumulator_module
 from cgdp_chainer import chunking
 from cgdp_chainer import devices as devices_module
+from cgdp_chainer import randomness
 from cgdp_chainer import transfer as transfer_module
 
 REDUCTIONS = ('mean', 'sum')
@@ -226,6 +227,9 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         start = timeline.now() if timeline is not None else None
         plan = _IterationPlan(self.iteration, self._chunks,
                               self._chunk_names, len(self._workers))
+        # Drawn here, in the calling thread, so that a seeded run (and its
+        # resume) gives every replica the same dropout masks again.
+        plan.seeds = numpy.random.randint(0, 2 ** 31 - 1, size=n).tolist()
         self._accumulator.start_iteration(self.iteration, shares)
         with self._blas_limiter:
             for worker, sub_batch in zip(self._workers, shares_batches):
@@ -403,7 +407,9 @@ class _DeviceWorker(threading.Thread):
                 plan, sub_batch = job
                 try:
                     if not self._updater._failures.failed:
-                        self._iterate(plan, sub_batch)
+                        with randomness.thread_random_state(
+                                plan.seeds[self.index]):
+                            self._iterate(plan, sub_batch)
                 except accumulator_module.Aborted:
                     pass
                 except BaseException as error:

@@ -18,6 +18,8 @@ from chainer import backend
 import chainer.functions as F
 import numpy
 
+from cgdp_chainer import randomness
+
 
 # Every network accepts the canonical 224x224 and anything down to 64x64
 # with the same parameters; the tests cover 64 and 224. At 64 px VGG-16,
@@ -281,7 +283,7 @@ def dropout(ratio):
     Args:
         ratio (float): Probability of dropping a unit (in training mode).
     """
-    return functools.partial(F.dropout, ratio=ratio)
+    return functools.partial(randomness.dropout, ratio=ratio)
 
 
 class LayerStage(chainer.Chain):

@@ -27,6 +27,7 @@ import chainer
 import chainer.functions as F
 import chainer.links as L
 
+from cgdp_chainer import randomness
 from models import common
 
 NAME = 'googlenet'
@@ -148,7 +149,7 @@ class AuxiliaryClassifier(chainer.Chain):
         h = F.relu(self.conv(h))
         h = F.relu(self.fc1(h))
         # The paper's 70% dropout on the auxiliary classifiers.
-        h = F.dropout(h, ratio=0.7)
+        h = randomness.dropout(h, ratio=0.7)
         return self.fc2(h)
 
 
@@ -214,7 +215,7 @@ class Head(chainer.Chain):
             mode.
         """
         h, aux_outputs = split_carry(carry)
-        h = F.dropout(common.global_average_pooling_2d(h), ratio=0.4)
+        h = randomness.dropout(common.global_average_pooling_2d(h), ratio=0.4)
         return join_carry(self.fc(h), aux_outputs)
 
 

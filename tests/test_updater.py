@@ -540,3 +540,21 @@ def test_model_chosen_chunk_size_inside_a_trainer(tmp_path):
     assert 1 <= updater.chunk_size <= updater.n_stages
     actual = {n: p.array.copy() for n, p in model.namedparams()}
     assert_same_params(expected, actual)
+
+
+def test_dropout_with_replica_threads_is_repeatable():
+    models = pytest.importorskip('models')
+    base = models.Classifier(models.get_model('googlenet', n_classes=4,
+                                              seed=0))
+    rng = numpy.random.RandomState(0)
+    data = chainer.datasets.TupleDataset(
+        rng.normal(size=(8, 3, 64, 64)).astype(numpy.float32),
+        rng.randint(0, 4, 8).astype(numpy.int32))
+    runs = []
+    for _ in range(2):
+        numpy.random.seed(5)
+        runs.append(train(copy.deepcopy(base), 'momentum',
+                          cgdp(2, chunk_size=2), iterations=2, batch=4,
+                          data=data))
+    for name in runs[0]:
+        numpy.testing.assert_array_equal(runs[0][name], runs[1][name])
