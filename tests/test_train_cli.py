@@ -120,10 +120,9 @@ def _assert_same_state(expected_path, actual_path):
 @pytest.mark.parametrize('updater_args', [
     ['--updater', 'standard'],
     ['--updater', 'parallel', '--devices', '@numpy,@numpy'],
-    # One replica: with two, the replica threads draw dropout masks from
-    # NumPy's one global random state in a racy order, so even two
-    # uninterrupted CGDP runs of a network with dropout differ.
-    ['--updater', 'cgdp', '--devices', '@numpy'],
+    # Two replica threads: each draws its dropout masks from its own
+    # random state (cgdp_chainer.randomness), so the resume is exact.
+    ['--updater', 'cgdp', '--devices', '@numpy,@numpy'],
 ], ids=['standard', 'parallel', 'cgdp'])
 def test_resume_gives_the_parameters_of_an_uninterrupted_run(
         tmp_path, capsys, updater_args):
