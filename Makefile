@@ -8,7 +8,7 @@ NET ?= resnet152
 RANKS ?=
 MPIEXEC := $(VENV)/bin/mpiexec
 # `make experiment NET=... RANKS=2` runs one process per rank under MPI.
-LAUNCH := $(if $(RANKS),$(MPIEXEC) -n $(RANKS))
+LAUNCH := $(if $(RANKS),$(MPIEXEC) -launcher fork -n $(RANKS))
 
 .PHONY: install test test-py312 train experiment plot model validate-model benchmark gpu clean
 

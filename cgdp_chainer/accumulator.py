@@ -232,7 +232,8 @@ class HostAccumulator(object):
             else:
                 reduce_weighted(out, slots, weights)
             reduced.append(out)
-        if self.allreducer is not None and reduced:
+        if self.allreducer is not None:
+            # Even a chunk without parameters takes its sequence number.
             # Host threads may finish chunks in any order; numbering them
             # from the output end makes every rank send them alike.
             self.allreducer.start(reduced, sequence=sequence).wait()

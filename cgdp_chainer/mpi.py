@@ -190,15 +190,14 @@ class _PackedRequest(object):
     place with no copy.
 
     Args:
-        handle (AllreduceHandle): Where the caller waits.
         arrays (list of numpy.ndarray): Arrays to reduce in place.
         op_name (str): ``'sum'``, ``'max'`` or ``'min'``.
         nonblocking (bool): ``MPI_Iallreduce`` (polled) or, if ``False``,
             ``MPI_Allreduce`` (finished when :meth:`start` returns).
     """
 
-    def __init__(self, handle, arrays, op_name, nonblocking=True):
-        self.handle = handle
+    def __init__(self, arrays, op_name, nonblocking=True):
+        self.handle = None      # set by ChunkAllreducer.start
         self.nonblocking = nonblocking
         self.op_name = op_name
         self.mpi_requests = []
@@ -329,8 +328,11 @@ class ChunkAllreducer(object):
                 lifetime), whichever thread calls :meth:`start` first; a
                 request waits until all lower numbers were started. Use it
                 when several threads start requests in an order that may
-                differ between ranks. ``None``: the request goes to MPI in
-                call order (then the callers must order their calls).
+                differ between ranks. Every number must be started, even
+                with an empty ``arrays`` (a chunk without parameters),
+                or the later ones wait forever. ``None``: the request goes
+                to MPI in call order (then the callers must order their
+                calls).
 
         Returns:
             AllreduceHandle: Wait on it for the result.
@@ -346,6 +348,10 @@ class ChunkAllreducer(object):
         if op not in _OP_NAMES:
             raise ValueError('unknown op {!r}; use one of {}'.format(
                 op, ', '.join(_OP_NAMES)))
+        # Packing copies: outside the lock, so callers pack in parallel.
+        request = None
+        if self.size > 1:
+            request = _PackedRequest(arrays, op, self.nonblocking)
         with self._lock:
             if self._failure is not None:
                 raise RuntimeError(
@@ -361,14 +367,16 @@ class ChunkAllreducer(object):
                     'is {})'.format(sequence, self._next_sequence))
             handle = AllreduceHandle(arrays, self._next_request_id)
             self._next_request_id += 1
-            if self.size == 1:
-                # Nothing to sum with: done at once, no thread round trip.
+            if request is None or not request.buffers:
+                # Nothing to sum with, or nothing to sum (every rank has the
+                # same shapes, so every rank skips it): done at once. Its
+                # sequence number is used up all the same.
                 handle._finish()
                 if sequence is not None:
                     self._held[sequence] = None
                     self._release_held_in_order()
                 return handle
-            request = _PackedRequest(handle, arrays, op, self.nonblocking)
+            request.handle = handle
             if sequence is None:
                 self._queue.put(request)
             else:
@@ -929,7 +937,7 @@ def shard_dataset(dataset, comm, shuffle=False, seed=0):
     return chainer.datasets.SubDataset(dataset, begin, end, order)
 
 
-# -- the ChainerMN baseline ----------------------------------------------------
+# -- the ChainerMN baseline ---------------------------------------------------
 
 def make_chainermn_updater(iterator, optimizer, comm, device,
                            converter=None, loss_func=None):

@@ -115,6 +115,17 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         self._requested_chunk_size = chunk_size
         self._set_chunk_size(self._initial_chunk_size(chunk_size))
 
+        allreducer = None
+        self._mpi_comm = mpi_comm
+        if mpi_comm is not None:
+            from cgdp_chainer import mpi
+            mpi.check_consistency(mpi_comm, master, optimizer)
+            # Every rank starts from rank 0's weights, before replicas are
+            # copied from the master.
+            mpi.broadcast_parameters(mpi_comm, master)
+            allreducer = mpi.ChunkAllreducer(mpi_comm)
+        self._allreducer = allreducer
+
         self._failures = accumulator_module.FailureBox()
         self._replicas = []
         self._transfers = []
@@ -127,13 +138,6 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self._replicas.append(replica)
             self._transfers.append(transfer_module.make_transfer(
                 device, master_params, dict(replica.namedparams())))
-        allreducer = None
-        self._mpi_comm = mpi_comm
-        if mpi_comm is not None:
-            from cgdp_chainer import mpi
-            mpi.check_consistency(mpi_comm, master, optimizer)
-            allreducer = mpi.ChunkAllreducer(mpi_comm)
-        self._allreducer = allreducer
         self._accumulator = accumulator_module.HostAccumulator(
             optimizer, self._transfers, self._chunk_names, reduction,
             self._failures, n_threads=host_threads, timeline=timeline,
@@ -247,8 +251,11 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         if timeline is not None:
             end = timeline.now()
             timeline.end_iteration(self.iteration, start, end, sync_end)
-        if self._search is not None and not self._search.done:
-            self._advance_search(plan)
+        if self._search is not None:
+            # The size this iteration ran with; LogReport keeps the trail.
+            chainer.report({'cgdp/chunk_size': self._chunk_size})
+            if not self._search.done:
+                self._advance_search(plan)
 
         if self.auto_new_epoch and iterator.is_new_epoch:
             self.get_optimizer('main').new_epoch(auto=True)
@@ -275,6 +282,10 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         reporter.add_observers('main', replica.namedlinks(skipself=True))
         with reporter.scope({}):
             size = costmodel.choose_chunk_size_for_updater(self, sample_batch)
+        if self._allreducer is not None:
+            # Ranks profile separately; all must cut the model alike.
+            size = self._allreducer.allreduce_int(
+                size if self._allreducer.rank == 0 else 0, op='max')
         self._model_chosen = True
         self._set_chunk_size(size)
 
@@ -285,14 +296,10 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             seconds = self._allreducer.allreduce_scalar(seconds, op='max')
         self._search.record(seconds)
         if self._search.done:
-            size = self._search.best
-            chainer.report({'cgdp/chunk_size': size})
-            print('CGDP chunk-size search: chose {} from {}'.format(
-                size, self._search.history), flush=True)
-        else:
-            chainer.report({'cgdp/chunk_size': self._search.current_size})
-        self._set_chunk_size(self._search.current_size
-                             if not self._search.done else self._search.best)
+            print('CGDP chunk-size search: chose {} from (size, seconds) {}'
+                  .format(self._search.best, self._search.history),
+                  flush=True)
+        self._set_chunk_size(self._search.current_size)
 
     # -- state ------------------------------------------------------------
 
