@@ -1,0 +1,426 @@
+"""The results schema of the weak-scaling experiment: the one place for it.
+
+Every script that writes or reads experiment results imports this module:
+the column lists, the CSV writers and readers, the naming of run folders,
+the summary statistics and the collection of ``env.json`` live here, so a
+column is added or renamed in exactly one place.
+
+A run folder ``<root>/<net>/<run-id>/`` holds:
+
+- ``runs.csv``: one row per measured iteration (:data:`RUNS_COLUMNS`).
+- ``summary.csv``: one row per mode and device count
+  (:data:`SUMMARY_COLUMNS`), derived from ``runs.csv`` by :func:`summarize`.
+- ``timeline.csv``: the events of one measured CGDP iteration
+  (:data:`TIMELINE_COLUMNS`), times relative to that iteration's start.
+- ``env.json``: versions, devices, CPU, git commit, command line and the
+  settings of the run (:func:`collect_env`).
+- the figures drawn by :mod:`experiments.plot`.
+
+``<root>/all/<run-id>/index.json`` (:data:`INDEX_FILE`) ties together the
+per-network folders of one ``--net all`` run.
+"""
+import csv
+import datetime
+import json
+import os
+import platform
+import shlex
+import subprocess
+
+import numpy
+
+RUNS_FILE = 'runs.csv'
+SUMMARY_FILE = 'summary.csv'
+TIMELINE_FILE = 'timeline.csv'
+ENV_FILE = 'env.json'
+INDEX_FILE = 'index.json'
+TRACE_FILE = 'timeline_trace.json'
+
+# The folder name under the results root for a run of all networks.
+ALL_NETS = 'all'
+
+RUNS_COLUMNS = ('mode', 'n_devices', 'n_ranks', 'batch_per_device',
+                'image_size', 'iteration', 'seconds')
+SUMMARY_COLUMNS = ('mode', 'n_devices', 'n_ranks', 'batch_per_device',
+                   'image_size', 'median_s', 'iqr_s', 'throughput',
+                   'efficiency', 'speedup_vs_typical')
+TIMELINE_COLUMNS = ('device', 'kind', 'chunk', 'start', 'end')
+
+# How each column is read back; columns not named here stay strings.
+# ``None`` in a float or int column is written as an empty cell.
+_INT_COLUMNS = frozenset(('n_devices', 'n_ranks', 'batch_per_device',
+                          'image_size', 'iteration', 'chunk'))
+_FLOAT_COLUMNS = frozenset(('seconds', 'median_s', 'iqr_s', 'throughput',
+                            'efficiency', 'speedup_vs_typical', 'start',
+                            'end'))
+
+# The single-process baseline mode; speedups are measured against it.
+TYPICAL = 'typical'
+CGDP = 'cgdp'
+
+
+# ---------------------------------------------------------------- run folders
+
+def new_run_id(now=None):
+    """A run id: the local time as ``YYYYmmdd-HHMMSS``.
+
+    Args:
+        now (datetime.datetime or None): The time to use (default: now).
+    """
+    now = now or datetime.datetime.now()
+    return now.strftime('%Y%m%d-%H%M%S')
+
+
+def run_dir(root, net, run_id):
+    """The folder of one network's run: ``<root>/<net>/<run_id>``.
+
+    Args:
+        root (str): The results root.
+        net (str): The network (or :data:`ALL_NETS`).
+        run_id (str): The run id.
+    """
+    return os.path.join(root, net, run_id)
+
+
+def free_run_id(root, nets, now=None):
+    """A run id whose folders do not exist yet for any of ``nets``.
+
+    Two runs started within the same second would share a timestamp, so a
+    suffix ``-2``, ``-3``, ... is added until every folder is free.
+
+    Args:
+        root (str): The results root.
+        nets (sequence of str): Folder names that will use the id (the
+            networks, plus :data:`ALL_NETS` for a run of all networks).
+        now (datetime.datetime or None): The time to use (default: now).
+    """
+    base = new_run_id(now)
+    candidate, n = base, 1
+    while any(os.path.exists(run_dir(root, net, candidate)) for net in nets):
+        n += 1
+        candidate = '{}-{}'.format(base, n)
+    return candidate
+
+
+# ------------------------------------------------------------------ CSV files
+
+def _format_cell(value):
+    if value is None:
+        return ''
+    if isinstance(value, float):
+        # repr keeps every digit, so a figure drawn from the CSV is the one
+        # drawn from the values in memory.
+        return repr(value)
+    return value
+
+
+def _parse_cell(column, text):
+    if column in _INT_COLUMNS or column in _FLOAT_COLUMNS:
+        if text == '':
+            return None
+        return int(text) if column in _INT_COLUMNS else float(text)
+    return text
+
+
+class CsvAppender(object):
+    """Writes a CSV file row by row, flushing each row to disk.
+
+    An interrupted experiment keeps every row written before the
+    interruption. Use as a context manager or call :meth:`close`.
+
+    Args:
+        path (str): The file; it is created (or emptied) with a header.
+        columns (sequence of str): The column names, in order.
+    """
+
+    def __init__(self, path, columns):
+        self.path = path
+        self.columns = tuple(columns)
+        self._file = open(path, 'w', newline='')
+        self._writer = csv.writer(self._file)
+        self._writer.writerow(self.columns)
+        self._file.flush()
+
+    def append(self, row):
+        """Writes one row.
+
+        Args:
+            row (dict): A value for every column (``None`` for empty).
+
+        Raises:
+            KeyError: A column is missing from ``row``.
+        """
+        self._writer.writerow([_format_cell(row[c]) for c in self.columns])
+        self._file.flush()
+
+    def close(self):
+        """Closes the file."""
+        if not self._file.closed:
+            self._file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+def write_csv(path, columns, rows):
+    """Writes all ``rows`` to ``path`` with a header.
+
+    Args:
+        path (str): The file.
+        columns (sequence of str): The column names, in order.
+        rows (iterable of dict): A value for every column.
+    """
+    with CsvAppender(path, columns) as appender:
+        for row in rows:
+            appender.append(row)
+
+
+def read_csv(path):
+    """Reads a CSV written by this module back into typed dicts.
+
+    Args:
+        path (str): The file.
+
+    Returns:
+        list of dict: One dict per row; numeric columns are ints or floats
+        (``None`` where empty), the others strings.
+    """
+    with open(path, newline='') as f:
+        return [{column: _parse_cell(column, text)
+                 for column, text in row.items()}
+                for row in csv.DictReader(f)]
+
+
+def check_columns(path, columns):
+    """Raises ``ValueError`` unless ``path``'s header is exactly ``columns``.
+
+    Args:
+        path (str): A CSV file.
+        columns (sequence of str): The expected header.
+    """
+    with open(path, newline='') as f:
+        header = next(csv.reader(f), [])
+    if tuple(header) != tuple(columns):
+        raise ValueError('{} has columns {}, expected {}'.format(
+            path, ', '.join(header), ', '.join(columns)))
+
+
+# -------------------------------------------------------------------- rows
+
+def run_row(mode, n_devices, batch_per_device, image_size, iteration,
+            seconds, n_ranks=1):
+    """One row of ``runs.csv``.
+
+    Args:
+        mode (str): ``typical``, ``nccl``, ``cgdp`` (or a mode added later).
+        n_devices (int): Devices per rank.
+        batch_per_device (int): Examples per device and iteration.
+        image_size (int): Height and width of the input images.
+        iteration (int): Index of the measured iteration (0-based, after the
+            warm-up).
+        seconds (float): Wall time of that ``update()`` call.
+        n_ranks (int): MPI ranks (1 without MPI).
+    """
+    return {'mode': mode, 'n_devices': n_devices, 'n_ranks': n_ranks,
+            'batch_per_device': batch_per_device, 'image_size': image_size,
+            'iteration': iteration, 'seconds': seconds}
+
+
+def workers(row):
+    """Data parallel replicas of a row: devices per rank times ranks.
+
+    Args:
+        row (dict): A ``runs.csv`` or ``summary.csv`` row.
+    """
+    return row['n_devices'] * row['n_ranks']
+
+
+def summarize(runs):
+    """Derives ``summary.csv`` rows from ``runs.csv`` rows.
+
+    Per (mode, n_devices, n_ranks, batch_per_device, image_size):
+
+    - ``median_s`` and ``iqr_s``: median and interquartile range of the
+      iteration times.
+    - ``throughput``: images per second, ``batch_per_device x replicas /
+      median_s``.
+    - ``efficiency``: weak-scaling efficiency ``throughput(N) / (N x
+      throughput(1))`` within the mode. A mode never run on one replica
+      (``nccl`` needs two GPUs) is compared with the ``typical`` one-device
+      run, which is the same single-device training.
+    - ``speedup_vs_typical``: for ``cgdp`` rows, the ``typical`` median over
+      the ``cgdp`` median at the same replica count; empty otherwise.
+
+    Args:
+        runs (list of dict): Rows as written by :func:`run_row`.
+
+    Returns:
+        list of dict: Rows with :data:`SUMMARY_COLUMNS`, ordered by mode (in
+        order of first appearance) and replica count.
+    """
+    groups = {}
+    for row in runs:
+        key = (row['mode'], row['n_devices'], row['n_ranks'],
+               row['batch_per_device'], row['image_size'])
+        groups.setdefault(key, []).append(row['seconds'])
+
+    summary = []
+    for (mode, n_devices, n_ranks, batch, size), seconds in groups.items():
+        q25, median, q75 = numpy.percentile(seconds, [25, 50, 75])
+        replicas = n_devices * n_ranks
+        summary.append({
+            'mode': mode, 'n_devices': n_devices, 'n_ranks': n_ranks,
+            'batch_per_device': batch, 'image_size': size,
+            'median_s': float(median), 'iqr_s': float(q75 - q25),
+            'throughput': float(batch * replicas / median),
+            'efficiency': None, 'speedup_vs_typical': None})
+
+    def find(mode, replicas, batch, size):
+        for row in summary:
+            if (row['mode'] == mode and workers(row) == replicas
+                    and row['batch_per_device'] == batch
+                    and row['image_size'] == size):
+                return row
+        return None
+
+    for row in summary:
+        batch, size = row['batch_per_device'], row['image_size']
+        single = (find(row['mode'], 1, batch, size)
+                  or find(TYPICAL, 1, batch, size))
+        if single is not None:
+            row['efficiency'] = row['throughput'] / (
+                workers(row) * single['throughput'])
+        if row['mode'] == CGDP:
+            typical = find(TYPICAL, workers(row), batch, size)
+            if typical is not None:
+                row['speedup_vs_typical'] = (
+                    typical['median_s'] / row['median_s'])
+
+    mode_order = []
+    for row in summary:
+        if row['mode'] not in mode_order:
+            mode_order.append(row['mode'])
+    summary.sort(key=lambda r: (mode_order.index(r['mode']), workers(r)))
+    return summary
+
+
+def timeline_rows(events, iteration, start):
+    """``timeline.csv`` rows for one iteration's events.
+
+    Args:
+        events (iterable of cgdp_chainer.timeline.Event): Recorded events.
+        iteration (int): The iteration to keep.
+        start (float): The iteration's start on the timeline's clock; the
+            rows' times are relative to it.
+
+    Returns:
+        list of dict: Rows with :data:`TIMELINE_COLUMNS`, ordered by start.
+    """
+    rows = [{'device': str(e.device), 'kind': e.kind, 'chunk': e.chunk,
+             'start': e.start - start, 'end': e.end - start}
+            for e in events if e.iteration == iteration]
+    rows.sort(key=lambda r: (r['start'], r['end']))
+    return rows
+
+
+# ------------------------------------------------------------------ env.json
+
+def _git_commit():
+    """The commit of the working tree (``+dirty`` if it has changes)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        commit = subprocess.run(
+            ['git', 'rev-parse', 'HEAD'], cwd=here, capture_output=True,
+            text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(
+            ['git', 'status', '--porcelain', '--untracked-files=no'],
+            cwd=here, capture_output=True, text=True, timeout=10,
+            check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ('+dirty' if dirty else '')
+
+
+def _cpu_model():
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                if line.startswith('model name'):
+                    return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _version(module_name):
+    try:
+        module = __import__(module_name)
+    except Exception:
+        return None
+    return getattr(module, '__version__', None)
+
+
+def load_average():
+    """The 1, 5 and 15 minute load averages, or ``None`` where unknown."""
+    try:
+        return list(os.getloadavg())
+    except (AttributeError, OSError):
+        return None
+
+
+def collect_env(command, **settings):
+    """The facts a reader needs to interpret (or repeat) a run.
+
+    Args:
+        command (list of str): The command line that started the run.
+        **settings: The run's own settings (network, image size and the
+            reason for it, batch, device names, ...); they are stored as
+            given, and must be JSON-serializable.
+
+    Returns:
+        dict: Versions of Python, Chainer, NumPy and CuPy, the CPU model and
+        core count, the load average, the git commit, the command line and
+        ``settings``.
+    """
+    import chainer
+
+    env = {
+        'python': platform.python_version(),
+        'chainer': chainer.__version__,
+        'numpy': numpy.__version__,
+        'cupy': _version('cupy'),
+        'platform': platform.platform(),
+        'cpu_model': _cpu_model(),
+        'cpu_count': os.cpu_count(),
+        'load_average_at_start': load_average(),
+        'git_commit': _git_commit(),
+        'command': ' '.join(shlex.quote(a) for a in command),
+    }
+    env.update(settings)
+    return env
+
+
+def write_json(path, data):
+    """Writes ``data`` as indented JSON.
+
+    Args:
+        path (str): The file.
+        data: JSON-serializable data.
+    """
+    with open(path, 'w') as f:
+        json.dump(data, f, indent=2, sort_keys=False)
+        f.write('\n')
+
+
+def read_json(path):
+    """Reads a JSON file.
+
+    Args:
+        path (str): The file.
+    """
+    with open(path) as f:
+        return json.load(f)

@@ -1,0 +1,316 @@
+"""Tests of the weak-scaling experiment, its results schema and its figures.
+
+One small end-to-end run (AlexNet, 64 px, 1 and 2 CPU replicas, one
+warm-up and two measured iterations) is shared by the tests that inspect
+its files; the command-line errors run the real scripts in subprocesses.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy
+import pytest
+from PIL import Image
+
+from cgdp_chainer import devices
+from cgdp_chainer.timeline import EVENT_KINDS
+from cgdp_chainer.timeline import Event
+from experiments import plot
+from experiments import results
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIGURES = (plot.EFFICIENCY_PNG, plot.THROUGHPUT_PNG, plot.SPEEDUP_PNG,
+           plot.TIMELINE_PNG)
+SMALL_RUN = ['--net', 'alexnet', '--devices', '1,2', '--iterations', '2',
+             '--warmup', '1', '--image-size', '64', '--batch', '2',
+             '--classes', '10']
+
+
+def run_module(module, *args, timeout=300):
+    """Runs ``python -m module args`` from the repository root."""
+    return subprocess.run([sys.executable, '-m', module] + list(args),
+                          cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def only_folder(path):
+    """The single folder inside ``path``."""
+    entries = os.listdir(path)
+    assert len(entries) == 1, entries
+    return os.path.join(path, entries[0])
+
+
+def pixels(path):
+    with Image.open(path) as image:
+        return image.size, image.mode, image.tobytes()
+
+
+def assert_valid_png(path):
+    with Image.open(path) as image:
+        assert image.format == 'PNG'
+        width, height = image.size
+        assert width > 0 and height > 0
+
+
+def assert_usage_error(completed, *fragments):
+    """Exit status 2, one ``error:`` line on stderr, no traceback."""
+    assert completed.returncode == 2, (completed.stdout, completed.stderr)
+    lines = completed.stderr.strip().splitlines()
+    assert len(lines) == 1, completed.stderr
+    assert lines[0].startswith('error: '), completed.stderr
+    assert 'Traceback' not in completed.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.fixture(scope='module')
+def small_run(tmp_path_factory):
+    """The folder of one small end-to-end run."""
+    out = str(tmp_path_factory.mktemp('results'))
+    completed = run_module('experiments.weak_scaling', *SMALL_RUN,
+                           '--out', out)
+    assert completed.returncode == 0, completed.stderr
+    return only_folder(os.path.join(out, 'alexnet')), completed
+
+
+# ------------------------------------------------------------- end to end
+
+@pytest.mark.slow
+def test_small_run_writes_runs_and_summary(small_run):
+    folder, _ = small_run
+    results.check_columns(os.path.join(folder, results.RUNS_FILE),
+                          results.RUNS_COLUMNS)
+    results.check_columns(os.path.join(folder, results.SUMMARY_FILE),
+                          results.SUMMARY_COLUMNS)
+    runs = results.read_csv(os.path.join(folder, results.RUNS_FILE))
+    # nccl needs GPUs, so on CPU replicas: 2 modes x 2 counts x 2 iterations.
+    assert sorted({(r['mode'], r['n_devices']) for r in runs}) == [
+        ('cgdp', 1), ('cgdp', 2), ('typical', 1), ('typical', 2)]
+    assert len(runs) == 8
+    assert {r['iteration'] for r in runs} == {0, 1}
+    assert all(r['n_ranks'] == 1 and r['batch_per_device'] == 2
+               and r['image_size'] == 64 and r['seconds'] > 0 for r in runs)
+
+    summary = {(r['mode'], r['n_devices']): r for r in results.read_csv(
+        os.path.join(folder, results.SUMMARY_FILE))}
+    assert set(summary) == {(r['mode'], r['n_devices']) for r in runs}
+    for (mode, n), row in summary.items():
+        assert row['throughput'] == pytest.approx(2 * n / row['median_s'])
+        if n == 1:
+            assert row['efficiency'] == pytest.approx(1.0)
+        if mode == 'cgdp':
+            assert row['speedup_vs_typical'] == pytest.approx(
+                summary['typical', n]['median_s'] / row['median_s'])
+        else:
+            assert row['speedup_vs_typical'] is None
+
+
+@pytest.mark.slow
+def test_small_run_writes_timeline_env_and_figures(small_run):
+    folder, completed = small_run
+    results.check_columns(os.path.join(folder, results.TIMELINE_FILE),
+                          results.TIMELINE_COLUMNS)
+    events = results.read_csv(os.path.join(folder, results.TIMELINE_FILE))
+    assert events
+    # One iteration at the largest N: both replicas and the host appear.
+    assert {'0', '1', 'host'} <= {e['device'] for e in events}
+    assert {e['kind'] for e in events} <= set(EVENT_KINDS)
+    assert {'forward', 'backward', 'update'} <= {e['kind'] for e in events}
+    assert all(e['end'] >= e['start'] >= -1e-3 for e in events)
+
+    env = results.read_json(os.path.join(folder, results.ENV_FILE))
+    for key in ('python', 'chainer', 'numpy', 'cupy', 'device_names',
+                'cpu_model', 'cpu_count', 'git_commit', 'command',
+                'image_size', 'image_size_reason', 'load_average_at_start'):
+        assert key in env, key
+    assert env['chainer'] == '7.8.1'
+    assert env['image_size'] == 64
+    assert env['image_size_reason'] == 'given with --image-size'
+    assert '--net alexnet' in env['command']
+    assert env['finished'] is True
+    assert env['timeline']['n_devices'] == 2
+    assert env['timeline']['iteration'] >= 1  # a measured one, not warm-up
+    assert [s['mode'] for s in env['skipped']] == ['nccl', 'nccl']
+    assert 'nccl' in completed.stdout  # the skip was announced
+
+    for name in FIGURES:
+        assert_valid_png(os.path.join(folder, name))
+
+
+@pytest.mark.slow
+def test_redraw_from_csv_reproduces_the_figures(small_run, tmp_path):
+    folder, _ = small_run
+    copy = str(tmp_path / 'run')
+    shutil.copytree(folder, copy)
+    for name in FIGURES:
+        os.remove(os.path.join(copy, name))
+    completed = run_module('experiments.plot', copy)
+    assert completed.returncode == 0, completed.stderr
+    for name in FIGURES:
+        assert pixels(os.path.join(copy, name)) == pixels(
+            os.path.join(folder, name)), name
+
+
+@pytest.mark.slow
+def test_all_networks_figure_from_an_index(small_run, tmp_path):
+    folder, _ = small_run
+    all_dir = tmp_path / 'all' / 'run'
+    all_dir.mkdir(parents=True)
+    results.write_json(str(all_dir / results.INDEX_FILE), {
+        'run_id': 'run',
+        'nets': {'alexnet': os.path.relpath(folder, str(all_dir)),
+                 'alexnet again': os.path.relpath(folder, str(all_dir))}})
+    path = plot.draw_all(str(all_dir))
+    assert path == str(all_dir / plot.EFFICIENCY_ALL_PNG)
+    assert_valid_png(path)
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_what_finished(tmp_path):
+    out = str(tmp_path)
+    process = subprocess.Popen(
+        [sys.executable, '-m', 'experiments.weak_scaling', '--net',
+         'alexnet', '--devices', '2', '--modes', 'cgdp', '--iterations',
+         '200', '--warmup', '1', '--image-size', '64', '--batch', '1',
+         '--classes', '10', '--out', out],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        runs_path = None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if runs_path is None and os.path.isdir(
+                    os.path.join(out, 'alexnet')):
+                runs_path = os.path.join(only_folder(
+                    os.path.join(out, 'alexnet')), results.RUNS_FILE)
+            if runs_path and os.path.exists(runs_path):
+                with open(runs_path) as f:
+                    if len(f.readlines()) >= 3:  # header + 2 rows
+                        break
+            assert process.poll() is None, process.communicate()
+            time.sleep(0.2)
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, stderr
+    assert 'interrupted' in stdout
+    assert 'Traceback' not in stderr
+    folder = os.path.dirname(runs_path)
+    runs = results.read_csv(runs_path)
+    assert 2 <= len(runs) < 200
+    summary = results.read_csv(os.path.join(folder, results.SUMMARY_FILE))
+    assert [(r['mode'], r['n_devices']) for r in summary] == [('cgdp', 2)]
+    env = results.read_json(os.path.join(folder, results.ENV_FILE))
+    assert env['interrupted'] is True and env['finished'] is False
+    assert_valid_png(os.path.join(folder, plot.EFFICIENCY_PNG))
+
+
+# ------------------------------------------------------------- bad input
+
+def test_unknown_network_lists_the_names():
+    completed = run_module('experiments.weak_scaling', '--net', 'lenet')
+    assert_usage_error(completed, 'lenet', 'alexnet', 'googlenet', 'vgg16',
+                       'resnet152')
+
+
+@pytest.mark.parametrize('counts', ['0', '1,two', '-1', '1.5'])
+def test_device_counts_must_be_positive_integers(counts):
+    completed = run_module('experiments.weak_scaling', '--net', 'alexnet',
+                           '--devices', counts)
+    assert_usage_error(completed, '--devices')
+
+
+def test_more_gpus_than_present_says_how_many():
+    present = devices.gpu_count()
+    completed = run_module('experiments.weak_scaling', '--net', 'alexnet',
+                           '--device-kind', 'gpu', '--devices',
+                           str(present + 1))
+    assert_usage_error(completed, 'has {} GPU'.format(present))
+
+
+def test_image_too_small_for_the_network():
+    completed = run_module('experiments.weak_scaling', '--net', 'resnet152',
+                           '--image-size', '32')
+    assert_usage_error(completed, 'resnet152', '64')
+
+
+def test_plot_of_a_missing_folder(tmp_path):
+    completed = run_module('experiments.plot', str(tmp_path / 'nowhere'))
+    assert_usage_error(completed, 'nowhere')
+
+
+# ------------------------------------------------------ the results schema
+
+def test_summary_efficiency_and_speedup():
+    rows = []
+    medians = {('typical', 1): 1.0, ('typical', 2): 2.5, ('typical', 4): 5.0,
+               ('cgdp', 1): 1.0, ('cgdp', 2): 1.25, ('cgdp', 4): 2.0,
+               ('nccl', 2): 1.1}
+    for (mode, n), median in medians.items():
+        for iteration, seconds in enumerate((median * 0.9, median,
+                                             median * 1.2)):
+            rows.append(results.run_row(mode, n, 4, 64, iteration, seconds))
+    summary = {(r['mode'], r['n_devices']): r
+               for r in results.summarize(rows)}
+    assert summary['typical', 2]['median_s'] == pytest.approx(2.5)
+    assert summary['typical', 2]['iqr_s'] == pytest.approx(
+        numpy.percentile([2.25, 2.5, 3.0], 75)
+        - numpy.percentile([2.25, 2.5, 3.0], 25))
+    assert summary['cgdp', 4]['throughput'] == pytest.approx(16 / 2.0)
+    # throughput(N) / (N x throughput(1)) = time(1) / time(N) here.
+    assert summary['typical', 4]['efficiency'] == pytest.approx(0.2)
+    assert summary['cgdp', 2]['efficiency'] == pytest.approx(0.8)
+    # nccl has no one-device run: it is compared with typical's.
+    assert summary['nccl', 2]['efficiency'] == pytest.approx(1 / 1.1)
+    assert summary['cgdp', 4]['speedup_vs_typical'] == pytest.approx(2.5)
+    assert summary['nccl', 2]['speedup_vs_typical'] is None
+    assert summary['typical', 1]['speedup_vs_typical'] is None
+    assert [r['mode'] for r in results.summarize(rows)] == [
+        'typical'] * 3 + ['cgdp'] * 3 + ['nccl']
+
+
+def test_csv_round_trip_keeps_values(tmp_path):
+    path = str(tmp_path / 'summary.csv')
+    row = {'mode': 'cgdp', 'n_devices': 2, 'n_ranks': 1,
+           'batch_per_device': 4, 'image_size': 64, 'median_s': 0.1 + 0.2,
+           'iqr_s': 1e-17, 'throughput': 1 / 3.0, 'efficiency': None,
+           'speedup_vs_typical': 2.5}
+    results.write_csv(path, results.SUMMARY_COLUMNS, [row])
+    assert results.read_csv(path) == [row]
+    with pytest.raises(ValueError):
+        results.check_columns(path, results.RUNS_COLUMNS)
+
+
+def test_timeline_rows_are_relative_to_the_iteration():
+    events = [Event(3, 0, 'forward', 0, 10.5, 10.75),
+              Event(3, 'host', 'update', 0, 11.0, 11.25),
+              Event(4, 0, 'forward', 0, 12.0, 12.5)]
+    assert results.timeline_rows(events, 3, 10.0) == [
+        {'device': '0', 'kind': 'forward', 'chunk': 0, 'start': 0.5,
+         'end': 0.75},
+        {'device': 'host', 'kind': 'update', 'chunk': 0, 'start': 1.0,
+         'end': 1.25}]
+
+
+def test_free_run_id_avoids_existing_folders(tmp_path):
+    import datetime
+    now = datetime.datetime(2024, 5, 6, 7, 8, 9)
+    root = str(tmp_path)
+    assert results.free_run_id(root, ['alexnet'], now) == '20240506-070809'
+    os.makedirs(results.run_dir(root, 'all', '20240506-070809'))
+    assert results.free_run_id(root, ['alexnet', 'all'], now) == \
+        '20240506-070809-2'
+
+
+def test_env_records_versions_and_settings():
+    env = results.collect_env(['python', '-m', 'x', '--net', 'a b'],
+                              image_size=64, image_size_reason='test')
+    assert env['command'] == "python -m x --net 'a b'"
+    assert env['image_size'] == 64 and env['image_size_reason'] == 'test'
+    assert env['cpu_count'] == os.cpu_count()
+    json.dumps(env)  # serializable as it is
