@@ -225,8 +225,17 @@ class HostAccumulator(object):
         scale = weights[0] if equal and self.allreducer is None else None
         reduced = []
         for name in names:
-            out = self.master_params[name].grad
+            param = self.master_params[name]
             slots = [t.slots[name] for t in transfers]
+            if len(slots) == 1 and scale in (None, 1.0) and \
+                    slots[0].shape == param.shape and \
+                    slots[0].dtype == param.dtype and \
+                    slots[0].flags.c_contiguous:
+                # One device: its slot is the sum; lend it, copy nothing.
+                param.grad = slots[0]
+                reduced.append(slots[0])
+                continue
+            out = param.grad
             if equal:
                 reduce_sum(out, slots, scale)
             else:

@@ -133,52 +133,57 @@ def stage_name(stage, index):
     return '{}{}'.format(type(stage).__name__, index)
 
 
-def stage_parameters(stage):
-    """Parameter arrays of one stage (none for a parameter-free function).
-
-    Args:
-        stage: A stage of a staged network.
-
-    Returns:
-        list of chainer.Parameter: Its parameters.
-    """
-    if isinstance(stage, chainer.Link):
-        return list(stage.params())
-    return []
-
-
-def stage_param_stats(model):
+def stage_param_stats(model, stages=None):
     """Parameter bytes and array counts per stage.
 
+    Parameters are assigned to stages as the runtime assigns them to chunks
+    (:func:`cgdp_chainer.chunking.assign_parameters` with one stage per
+    chunk): a parameter outside every stage's Link (e.g. a layer called from
+    a plain-function stage, or a model-level parameter) counts with the
+    lowest stage that uses it, or stage 0.
+
     Args:
-        model (chainer.Chain): A staged network (``model.stages``).
+        model (chainer.Link): A staged network, or a classifier around one.
+        stages (list or None): Its stages (default: found on ``model``).
 
     Returns:
         list of dict: ``param_bytes`` and ``param_arrays`` per stage, in
         stage order. Uninitialised parameters count 0 bytes.
     """
+    from cgdp_chainer import chunking
+    if stages is None:
+        stages = chunking.find_stages(model)
+    chunks = [(i, i + 1) for i in range(len(stages))]
+    names = chunking.assign_parameters(model, stages, chunks)
+    params = dict(model.namedparams())
     stats = []
-    for stage in model.stages:
-        params = stage_parameters(stage)
-        n_bytes = sum(int(p.array.nbytes) for p in params
-                      if p.array is not None)
-        stats.append({'param_bytes': n_bytes, 'param_arrays': len(params)})
+    for stage_names in names:
+        arrays = [params[n].array for n in stage_names
+                  if params[n].array is not None]
+        stats.append({'param_bytes': int(sum(a.nbytes for a in arrays)),
+                      'param_arrays': len(arrays)})
     return stats
 
 
-def stage_costs(model, image_size, batch=1, channels=3, train=True):
+def stage_costs(model, image_size=None, batch=1, channels=3, train=True,
+                x=None):
     """Counts per-stage multiply-adds and parameter sizes of a staged network.
 
-    Runs the stages once, on CPU, at ``batch`` images of ``image_size`` px,
-    without building a graph. Counts scale linearly with the batch size.
+    Runs the stages once, on the model's device, at ``batch`` images of
+    ``image_size`` px, without building a graph. Counts scale linearly with
+    the batch size.
 
     Args:
-        model (chainer.Chain): A staged network (``model.stages``) on CPU.
+        model (chainer.Link): A staged network (``model.stages``), or a
+            classifier around one.
         image_size (int): Height and width of the input images.
         batch (int): Images per run (1 is enough: counts are per image times
             batch).
         channels (int): Input channels.
         train (bool): Run in training mode (auxiliary classifiers count).
+        x (array or None): An input batch to count with instead of
+            zero images (for networks whose input is not an image); its
+            first axis is the batch.
 
     Returns:
         list of dict: Per stage: ``name``, ``forward_macs``,
@@ -186,14 +191,21 @@ def stage_costs(model, image_size, batch=1, channels=3, train=True):
         ``backward_flops`` per image (2 FLOPs per multiply-add),
         ``param_bytes`` and ``param_arrays``.
     """
-    if image_size < 1 or batch < 1:
-        raise ValueError('image_size and batch must be >= 1, got {} and '
-                         '{}'.format(image_size, batch))
-    x = numpy.zeros((batch, channels, image_size, image_size),
-                    dtype=numpy.float32)
+    from cgdp_chainer import chunking
+    stages = chunking.find_stages(model)
+    if stages is None:
+        raise ValueError('{} has no stages (see docs/INTERFACES.md)'.format(
+            type(model).__name__))
+    if x is None:
+        if image_size is None or image_size < 1 or batch < 1:
+            raise ValueError('image_size and batch must be >= 1, got {!r} '
+                             'and {!r}'.format(image_size, batch))
+        x = numpy.zeros((batch, channels, image_size, image_size),
+                        dtype=numpy.float32)
+        x = model.device.send(x)
+    batch = int(x.shape[0])
     hook = StageCostHook()
     hook.no_grad_input = x
-    stages = list(model.stages)
     with chainer.using_config('train', train), \
             chainer.using_config('enable_backprop', False), \
             chainer.using_config('type_check', False), hook:
@@ -201,7 +213,7 @@ def stage_costs(model, image_size, batch=1, channels=3, train=True):
         for index, stage in enumerate(stages):
             hook.stage = index
             h = stage(h)
-    params = stage_param_stats(model)
+    params = stage_param_stats(model, stages)
     costs = []
     for index, stage in enumerate(stages):
         forward = hook.forward_macs.get(index, 0)

@@ -81,14 +81,27 @@ class Hardware:
         host_threads: Host threads that reduce and update parameters.
         host_thread_bw: Streaming bandwidth one host thread achieves.
         host_servers: Chunk jobs that the host runs at the same time (each
-            with ``host_threads / host_servers`` threads). The runtime's
-            accumulator gives each chunk to one pool thread, so the GPU
-            presets set ``host_servers == host_threads``.
+            with ``host_threads / host_servers`` threads). The GPU presets
+            model the paper's design, one chunk at a time split over all
+            host threads (``host_servers = 1``); the project's runtime gives
+            each chunk to one pool thread (``this-cpu`` models that, with
+            ``host_servers == host_threads``).
+        host_chunk_overhead_s: Fixed cost of one host job (a pool thread
+            wakes, waits for the chunk's copies, issues the copies back).
+        chunk_overhead_s: Fixed device-side cost of one more chunk in the
+            backward (Python: the cut, the backward call, the hand-over).
+            GPU work is queued asynchronously, so on GPUs it only counts when
+            it exceeds the queued work; it is added to each chunk's backward
+            as a lower bound of its duration.
         host_op_overhead_s: Fixed cost per parameter array of one NumPy
             call on the host (copy, add, scale in the reduction).
         host_update_overhead_s: Fixed cost per parameter array of one
             Chainer update rule call on the host (Python dispatch).
-        cores: Cores shared by CPU replicas (``kind == 'cpu'`` only).
+        cores: Cores shared by CPU replicas (``kind == 'cpu'`` only); the
+            runtime divides its BLAS threads by this number.
+        effective_cores: The compute capacity those cores give this
+            process (less than ``cores`` while other processes run); 0
+            means ``cores``.
         internode_bw: Inter-node link bandwidth per direction (for MPI work;
             not used by the single-node model).
         internode_latency_s: Inter-node latency.
@@ -116,7 +129,10 @@ class Hardware:
     host_servers: int = 1
     host_op_overhead_s: float = 2e-6
     host_update_overhead_s: float = 25e-6
+    host_chunk_overhead_s: float = 50e-6
+    chunk_overhead_s: float = 100e-6
     cores: int = 0
+    effective_cores: float = 0.0
     internode_bw: float = INFINIBAND_EDR_BYTES_PER_S
     internode_latency_s: float = INFINIBAND_EDR_LATENCY_S
     sources: str = ''
@@ -177,7 +193,8 @@ def validate(hardware):
                          '{!r}'.format(hardware.name, hardware.peer_bw))
     non_negative = ('device_array_overhead_s', 'copy_latency_s',
                     'internode_latency_s', 'host_op_overhead_s',
-                    'host_update_overhead_s')
+                    'host_update_overhead_s', 'host_chunk_overhead_s',
+                    'chunk_overhead_s')
     for field in non_negative:
         value = getattr(hardware, field)
         if not (isinstance(value, (int, float)) and value >= 0):
@@ -242,7 +259,6 @@ MINSKY = Hardware(
     # One POWER8 core streams about 10 GB/s (STREAM triad per core on POWER8
     # is 8-12 GB/s); an estimate.
     host_thread_bw=10 * GB,
-    host_servers=10,
     # Python on POWER8 runs a Chainer update rule call in about 30 us.
     host_update_overhead_s=30e-6,
     sources='IBM REDP-5405; NVIDIA P100 datasheet and whitepaper',
@@ -285,7 +301,6 @@ PCIE3 = Hardware(
     host_threads=14,
     # One Broadwell core streams about 8 GB/s (STREAM per core); estimate.
     host_thread_bw=8 * GB,
-    host_servers=14,
     sources='NVIDIA P100 PCIe datasheet; PCI-SIG PCIe 3.0; Intel E5 v4',
 )
 
@@ -328,7 +343,6 @@ H100_PCIE5 = Hardware(
     host_threads=28,
     # One Sapphire Rapids core streams about 12 GB/s; estimate.
     host_thread_bw=12 * GB,
-    host_servers=28,
     sources='NVIDIA H100 datasheet; PCI-SIG PCIe 5.0; Intel Xeon 8480+',
 )
 
@@ -368,7 +382,6 @@ GH200 = Hardware(
     host_threads=36,
     # One Neoverse V2 core streams about 15 GB/s; estimate.
     host_thread_bw=15 * GB,
-    host_servers=36,
     sources='NVIDIA GH200 datasheet; NVIDIA Grace whitepaper',
 )
 
@@ -416,9 +429,16 @@ def this_cpu(profile):
             raise ValueError("preset 'this-cpu': the profile lacks its {!r} "
                              "section; measure it again with "
                              "experiments.profile".format(key))
+    if not profile['host'].get('ops'):
+        raise ValueError("preset 'this-cpu': the profile lacks the host "
+                         "accumulator's measured costs (host.ops); measure "
+                         "it again with experiments.profile")
     copy = profile['copy']
     machine = profile['machine']
     cores = int(machine.get('cores', available_cores()))
+    # Measured while profiling: other processes on the cores leave this
+    # process less than all of them, and the replicas share what is left.
+    effective = float(machine.get('effective_cores') or cores)
     bandwidth = float(copy['h2d_bytes_per_s'])
     return Hardware(
         name=CPU_PRESET,
@@ -432,7 +452,8 @@ def this_cpu(profile):
         compute_efficiency=1.0,
         device_memory_bw=bandwidth,
         device_array_overhead_s=0.0,
-        devices_per_socket=max(1, cores),
+        # One memory for every replica, however many there are.
+        devices_per_socket=max(1024, cores),
         host_link_bw=bandwidth,
         host_link_shared=1,
         copy_latency_s=float(copy.get('latency_s', 0.0)),
@@ -445,6 +466,9 @@ def this_cpu(profile):
         host_thread_bw=bandwidth,
         host_servers=int(profile['host'].get('threads', 1)),
         cores=cores,
+        effective_cores=min(float(cores), max(0.25, effective)),
+        host_chunk_overhead_s=float(profile['host'].get(
+            'job_overhead_s', 50e-6)),
         sources='measured by experiments.profile on this machine',
     )
 

@@ -166,6 +166,11 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         """The chunk size in use (``None`` when given as boundaries)."""
         return self._chunk_size
 
+    @property
+    def chunk_size_settled(self):
+        """False while ``chunk_size='auto'`` is still trying sizes."""
+        return self._search is None or self._search.done
+
     def _initial_chunk_size(self, chunk_size):
         if isinstance(chunk_size, str):
             if chunk_size not in CHUNK_SIZE_MODES:

@@ -598,8 +598,7 @@ def chunk_search_running(updater):
     Args:
         updater: The run's updater (any kind).
     """
-    search = getattr(updater, '_search', None)
-    return search is not None and not search.done
+    return not getattr(updater, 'chunk_size_settled', True)
 
 
 def time_mode(net, mode, device_specs, settings, args, timeline, on_step):
