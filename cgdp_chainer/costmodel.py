@@ -191,11 +191,10 @@ class Workload:
             the same with one BLAS thread (for core sharing).
         param_bytes, param_arrays (list of int): Per stage.
         host_ops (dict or None): Measured host costs: op name ->
-            ``{'per_array_s', 'per_byte_s'}`` for ``copy`` (the first slot
-            into the sum), ``add`` (each further slot), ``scale`` (the
-            mean), ``update`` (the update rule), ``addgrads`` and
-            ``copyparams`` (what ``ParallelUpdater`` does per replica on
-            CPU).
+            ``{'per_array_s', 'per_byte_s'}`` for ``reduce2`` (the mean of
+            two slots), ``reduce_slot`` (each further slot), ``update`` (the
+            update rule), ``addgrads`` and ``copyparams`` (what
+            ``ParallelUpdater`` does per replica on CPU).
         copy (dict or None): Measured copies: ``d2h_bytes_per_s``,
             ``h2d_bytes_per_s``, ``latency_s``.
         device_update_s (float or None): Measured on-device update of the
@@ -318,13 +317,13 @@ def _op_cost(ops, name, arrays, n_bytes):
 def host_job_seconds(workload, hardware, n_devices, arrays, n_bytes):
     """Seconds one host thread takes to reduce and update one chunk.
 
-    With measured host costs: the copy of the first slot, the add of each
-    further one, the scaling of the mean (``N > 1``) and the update rule,
-    each ``arrays x per_array + bytes x per_byte``. Without:
-    memory traffic over the thread's bandwidth plus per-array overheads; the
-    runtime's reduction copies the first slot (2 bytes of traffic per byte),
-    adds each further one (3), scales by ``1/N`` (2) and MomentumSGD reads
-    parameter, gradient and velocity and writes two of them (5).
+    One device's slot is lent as the sum (no reduction). With measured host
+    costs: the mean of two slots, each further slot and the update rule,
+    each ``arrays x per_array + bytes x per_byte``. Without: memory traffic
+    over the thread's bandwidth plus per-array overheads; the runtime's
+    blocked reduction reads ``N`` slots and writes the mean once (the
+    scaling happens in cache), MomentumSGD reads parameter, gradient and
+    velocity and writes two of them.
 
     Args:
         workload (Workload): The costs.
@@ -339,17 +338,17 @@ def host_job_seconds(workload, hardware, n_devices, arrays, n_bytes):
     if workload.host_ops is not None:
         ops = workload.host_ops
         seconds = (hardware.host_chunk_overhead_s
-                   + _op_cost(ops, 'copy', arrays, n_bytes)
                    + _op_cost(ops, 'update', arrays, n_bytes))
         if n_devices > 1:
-            seconds += ((n_devices - 1) * _op_cost(ops, 'add', arrays,
-                                                   n_bytes)
-                        + _op_cost(ops, 'scale', arrays, n_bytes))
+            seconds += (_op_cost(ops, 'reduce2', arrays, n_bytes)
+                        + (n_devices - 2) * _op_cost(ops, 'reduce_slot',
+                                                     arrays, n_bytes))
         return seconds
     traffic = host_traffic_bytes(n_devices, n_bytes)
     rate = min(hardware.host_thread_bw * _threads_per_server(hardware),
                hardware.host_memory_bw)
-    overhead = arrays * ((n_devices + 1) * hardware.host_op_overhead_s
+    reduce_calls = n_devices if n_devices > 1 else 0
+    overhead = arrays * (reduce_calls * hardware.host_op_overhead_s
                          + hardware.host_update_overhead_s)
     return traffic / rate + overhead + hardware.host_chunk_overhead_s
 
@@ -357,7 +356,8 @@ def host_job_seconds(workload, hardware, n_devices, arrays, n_bytes):
 def host_traffic_bytes(n_devices, n_bytes):
     """Host memory traffic of reducing ``n_devices`` slots of ``n_bytes`` and
     updating them with MomentumSGD (see :func:`host_job_seconds`)."""
-    return n_bytes * (2 + 3 * (n_devices - 1) + 2 + 5)
+    reduction = n_devices + 1 if n_devices > 1 else 0
+    return n_bytes * (reduction + 5)
 
 
 def _threads_per_server(hardware):

@@ -429,10 +429,14 @@ def this_cpu(profile):
             raise ValueError("preset 'this-cpu': the profile lacks its {!r} "
                              "section; measure it again with "
                              "experiments.profile".format(key))
-    if not profile['host'].get('ops'):
+    needed = ('reduce2', 'reduce_slot', 'update', 'addgrads', 'copyparams')
+    ops = profile['host'].get('ops') or {}
+    missing = [op for op in needed if op not in ops]
+    if missing:
         raise ValueError("preset 'this-cpu': the profile lacks the host "
-                         "accumulator's measured costs (host.ops); measure "
-                         "it again with experiments.profile")
+                         "costs {} (host.ops; an older profile?); measure it "
+                         "again with experiments.profile".format(
+                             ', '.join(missing)))
     copy = profile['copy']
     machine = profile['machine']
     cores = int(machine.get('cores', available_cores()))

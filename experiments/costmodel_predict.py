@@ -1,0 +1,240 @@
+"""Predicted iteration times of typical data parallel and CGDP, in bulk.
+
+``make model`` (``python -m experiments.costmodel_predict``) writes
+``results/costmodel/predictions.csv`` with the columns of
+:data:`COLUMNS`, one row per network, hardware preset, device count and batch
+per device, and draws
+
+- ``efficiency.png``: predicted weak-scaling efficiency of both schemes
+  against the device count, a panel per network and preset (batch 32);
+- ``speedup.png``: CGDP's predicted speedup over typical data parallel
+  against the device count, a panel per network, a line per preset and
+  batch;
+- ``NOTES.txt``: how the numbers were made and what the model leaves out.
+
+FLOPs are counted once per network at 224 px and cached
+(``results/costmodel/flops_cache.json``). The ``this-cpu`` preset is
+included for each network that has a CPU profile under
+``results/profiles/`` (``python -m experiments.profile --net NET``); its
+times are scaled linearly from the profile's batch and image size is that
+of the profile.
+"""
+import glob
+import os
+import sys
+import time
+
+from experiments import cli  # NOQA: first, it silences import-time warnings
+
+import matplotlib
+matplotlib.use('Agg')  # files only
+import matplotlib.pyplot as plt  # NOQA: E402
+
+from cgdp_chainer import costmodel  # NOQA: E402
+from cgdp_chainer import hardware  # NOQA: E402
+from experiments import results  # NOQA: E402
+
+COLUMNS = ('net', 'preset', 'n_devices', 'batch_per_device', 't_typical',
+           't_cgdp', 'speedup', 'eff_typical', 'eff_cgdp',
+           'best_chunk_size')
+DEVICE_COUNTS = (1, 2, 4, 8)
+BATCHES = (16, 32, 64)
+IMAGE_SIZE = 224
+FIGURE_BATCH = 32
+OUT_DIR = os.path.join('results', 'costmodel')
+PROFILE_DIR = os.path.join('results', 'profiles')
+
+
+def newest_cpu_profile(net, profile_dir=PROFILE_DIR):
+    """The newest ``'@numpy'`` profile of ``net``, or ``None``."""
+    paths = glob.glob(os.path.join(profile_dir, '{}_numpy_*.json'.format(
+        net)))
+    if not paths:
+        return None
+    return costmodel.load_profile(max(paths, key=os.path.getmtime))
+
+
+def predict_rows(net, profile, preset, counts=DEVICE_COUNTS,
+                 batches=BATCHES):
+    """Prediction rows for one network on one preset.
+
+    Args:
+        net (str): Network name.
+        profile (dict): Its profile (FLOPs, or measured for ``this-cpu``).
+        preset (str): Hardware preset name.
+        counts (tuple of int): Device counts.
+        batches (tuple of int): Batches per device.
+
+    Returns:
+        list of dict: Rows with :data:`COLUMNS`.
+    """
+    hw = hardware.get_hardware(preset, profile)
+    rows = []
+    for batch in batches:
+        single = None
+        for n in counts:
+            result = costmodel.predict(profile, hw, n, batch, single=single)
+            if n == 1:
+                single = result
+            rows.append({
+                'net': net, 'preset': preset, 'n_devices': n,
+                'batch_per_device': batch,
+                't_typical': _round(result['t_typical']),
+                't_cgdp': _round(result['t_cgdp']),
+                'speedup': _round(result['speedup']),
+                'eff_typical': _round(result['eff_typical']),
+                'eff_cgdp': _round(result['eff_cgdp']),
+                'best_chunk_size': result['best_chunk_size']})
+    return rows
+
+
+def _round(value):
+    """Six significant digits: the model is not more precise than that."""
+    return float('{:.6g}'.format(value))
+
+
+def _select(rows, **match):
+    return [r for r in rows if all(r[k] == v for k, v in match.items())]
+
+
+def plot_efficiency(rows, nets, presets, path, batch=FIGURE_BATCH):
+    """Efficiency of both schemes against N, a panel per network and
+    preset."""
+    fig, axes = plt.subplots(len(nets), len(presets), squeeze=False,
+                             figsize=(3.0 * len(presets), 2.4 * len(nets)),
+                             sharex=True, sharey=True)
+    for i, net in enumerate(nets):
+        for j, preset in enumerate(presets):
+            ax = axes[i][j]
+            chosen = sorted(_select(rows, net=net, preset=preset,
+                                    batch_per_device=batch),
+                            key=lambda r: r['n_devices'])
+            if not chosen:
+                ax.set_visible(False)
+                continue
+            counts = [r['n_devices'] for r in chosen]
+            ax.plot(counts, [r['eff_typical'] for r in chosen], 'o-',
+                    color='tab:blue', label='typical')
+            ax.plot(counts, [r['eff_cgdp'] for r in chosen], 's-',
+                    color='tab:red', label='CGDP')
+            ax.set_xscale('log', base=2)
+            ax.set_xticks(counts)
+            ax.set_xticklabels([str(c) for c in counts])
+            ax.set_ylim(0, 1.1)
+            ax.grid(alpha=0.3)
+            if i == 0:
+                ax.set_title(preset, fontsize=9)
+            if j == 0:
+                ax.set_ylabel('{}\nefficiency'.format(net), fontsize=8)
+            if i == len(nets) - 1:
+                ax.set_xlabel('devices', fontsize=8)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle('Predicted weak-scaling efficiency, batch {} per device'
+                 .format(batch), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_speedup(rows, nets, presets, path):
+    """CGDP's speedup over typical against N, a panel per network."""
+    fig, axes = plt.subplots(1, len(nets), squeeze=False,
+                             figsize=(3.4 * len(nets), 3.2), sharey=True)
+    colors = dict(zip(presets, plt.rcParams['axes.prop_cycle']
+                      .by_key()['color']))
+    styles = {16: ':', 32: '-', 64: '--'}
+    for j, net in enumerate(nets):
+        ax = axes[0][j]
+        for preset in presets:
+            for batch in BATCHES:
+                chosen = sorted(_select(rows, net=net, preset=preset,
+                                        batch_per_device=batch),
+                                key=lambda r: r['n_devices'])
+                if not chosen:
+                    continue
+                ax.plot([r['n_devices'] for r in chosen],
+                        [r['speedup'] for r in chosen],
+                        linestyle=styles.get(batch, '-'), marker='.',
+                        color=colors[preset],
+                        label='{} b{}'.format(preset, batch))
+        ax.axhline(1.0, color='grey', linewidth=0.8)
+        ax.set_xscale('log', base=2)
+        ax.set_xticks(DEVICE_COUNTS)
+        ax.set_xticklabels([str(c) for c in DEVICE_COUNTS])
+        ax.set_title(net, fontsize=9)
+        ax.set_xlabel('devices', fontsize=8)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel('speedup of CGDP over typical')
+    axes[0][-1].legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_notes(path, presets, cpu_nets):
+    lines = [
+        'Predictions of cgdp_chainer.costmodel (discrete-event simulation; '
+        'CGDP at the best chunk size among powers of two and one chunk).',
+        'Compute on GPU presets: FLOPs at {} px x batch / (peak x '
+        'efficiency); see cgdp_chainer/hardware.py for every constant and '
+        'its source.'.format(IMAGE_SIZE),
+        'Efficiency: t(1) / t(N) within each scheme, as in '
+        'experiments.results; speedup: t_typical / t_cgdp.',
+        'Presets: {}. Device counts above a preset\'s physical devices '
+        '(4) are extrapolated with more sockets of the same shape.'.format(
+            ', '.join(presets)),
+        'this-cpu rows (from measured CPU profiles): {}.'.format(
+            ', '.join(cpu_nets) if cpu_nets else 'none (no profile under '
+            'results/profiles/)'),
+        '',
+        'What the model leaves out:',
+    ] + ['- ' + item for item in costmodel.LEFT_OUT]
+    with open(path, 'w') as f:
+        f.write('\n'.join(lines) + '\n')
+
+
+def main(argv=None):
+    parser = cli.ArgumentParser(description='Predict typical and CGDP '
+                                'iteration times for every preset.')
+    parser.add_argument('--out', default=OUT_DIR)
+    parser.add_argument('--nets', default=None,
+                        help='comma-separated networks (default: all four)')
+    args = parser.parse_args(argv)
+    import models
+    nets = list(models.NETWORKS) if not args.nets else [
+        cli.net_name(n) for n in args.nets.split(',')]
+    start = time.perf_counter()
+    os.makedirs(args.out, exist_ok=True)
+    cache = os.path.join(args.out, 'flops_cache.json')
+    presets = list(hardware.GPU_PRESETS)
+    rows = []
+    cpu_nets = []
+    for net in nets:
+        profile = costmodel.flops_profile(net, IMAGE_SIZE, cache_path=cache)
+        for preset in presets:
+            rows.extend(predict_rows(net, profile, preset))
+        cpu_profile = newest_cpu_profile(net)
+        if cpu_profile is not None:
+            try:
+                rows.extend(predict_rows(net, cpu_profile,
+                                         hardware.CPU_PRESET))
+                cpu_nets.append(net)
+            except ValueError as error:
+                print('{}: this-cpu skipped: {}'.format(net, error))
+        print('{}: done ({:.1f} s)'.format(net, time.perf_counter() - start),
+              flush=True)
+    csv_path = os.path.join(args.out, 'predictions.csv')
+    results.write_csv(csv_path, COLUMNS, rows)
+    all_presets = presets + ([hardware.CPU_PRESET] if cpu_nets else [])
+    plot_efficiency(rows, nets, all_presets,
+                    os.path.join(args.out, 'efficiency.png'))
+    plot_speedup(rows, nets, all_presets,
+                 os.path.join(args.out, 'speedup.png'))
+    write_notes(os.path.join(args.out, 'NOTES.txt'), all_presets, cpu_nets)
+    print('wrote {} rows to {} and figures in {} ({:.1f} s)'.format(
+        len(rows), csv_path, args.out, time.perf_counter() - start))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,322 @@
+"""Checks the cost model against weak-scaling measurements on this CPU.
+
+``make validate-model NET=resnet152`` (``python -m experiments.validate_model
+--net NET``):
+
+1. finds the newest ``results/<net>/*/summary.csv`` (or the one given with
+   ``--summary``, or one this script measured before); without one (or
+   with ``--measure``) it runs a short
+   weak-scaling measurement of both modes through
+   :mod:`experiments.weak_scaling`'s functions, at that experiment's CPU
+   settings, and keeps it under ``results/costmodel/validation/<net>/``;
+2. profiles this CPU with one replica (N = 1 stages) at the measurement's
+   batch and image size (``experiments.profile``), saving the profile under
+   ``results/profiles/``; by default the profile keeps the fastest of its
+   repetitions, since on a shared machine the profile and the measurement
+   meet different loads and the fastest run is the least disturbed one;
+3. predicts typical and CGDP iteration times at each measured N with the
+   ``this-cpu`` preset (simulation and closed form), at the chunk size the
+   measured run used;
+4. prints a table with the per-point error and the median absolute error
+   (target: at most 15%), writes it to
+   ``results/costmodel/validation_<net>.csv`` and says what the model
+   leaves out.
+
+The measurements and the profile share two cores with whatever else runs:
+the load average is printed, and a busy machine makes both noisy.
+"""
+import argparse
+import glob
+import os
+import statistics
+import sys
+import time
+
+from experiments import cli  # NOQA: first, it silences import-time warnings
+
+from cgdp_chainer import costmodel  # NOQA: E402
+from cgdp_chainer import hardware  # NOQA: E402
+from experiments import profile as profile_module  # NOQA: E402
+from experiments import results  # NOQA: E402
+
+TARGET_MEDIAN_ERROR = 0.15
+MODES = (results.TYPICAL, results.CGDP)
+COLUMNS = ('net', 'mode', 'n_devices', 'batch_per_device', 'image_size',
+           'chunk_size', 'measured_s', 'measured_iqr_s', 'predicted_s',
+           'closed_form_s', 'error')
+OUT_DIR = os.path.join('results', 'costmodel')
+# A short measurement: enough iterations for a median on a busy machine.
+SHORT_ITERATIONS = 5
+SHORT_WARMUP = 2
+# More repetitions than the profile's default: the profile is the model's
+# only input, and the machine may be busy.
+PROFILE_REPS = 5
+
+
+def newest_summary(root, net):
+    """Path of the newest ``<root>/<net>/*/summary.csv``, or ``None``.
+
+    Run folders are named by their start time, so the largest name is the
+    newest; the file's modification time breaks ties.
+    """
+    paths = glob.glob(os.path.join(root, net, '*', results.SUMMARY_FILE))
+    if not paths:
+        return None
+    return max(paths, key=lambda p: (os.path.basename(os.path.dirname(p)),
+                                     os.path.getmtime(p)))
+
+
+def chunk_sizes_of_run(folder):
+    """CGDP's resolved chunk size per device count, from the run's env.json
+    (1, the runtime's default, where unknown)."""
+    path = os.path.join(folder, results.ENV_FILE)
+    if not os.path.exists(path):
+        return {}
+    env = results.read_json(path)
+    sizes = env.get('cgdp_chunk_size') or {}
+    return {int(n): int(size) for n, size in sizes.items()
+            if size is not None}
+
+
+def measure(net, counts, batch, image_size, iterations, warmup, out_dir,
+            chunk_size=1):
+    """A short weak-scaling measurement of both modes on CPU replicas.
+
+    Uses :func:`experiments.weak_scaling.time_mode`, so the updaters, data
+    and timing are the experiment's own.
+
+    Returns:
+        tuple: ``(summary rows, {N: resolved CGDP chunk size})``.
+    """
+    from experiments import weak_scaling
+    settings = weak_scaling.Settings(image_size=image_size, batch=batch,
+                                     iterations=iterations, warmup=warmup)
+    args = argparse.Namespace(classes=1000, seed=0, chunk_size=chunk_size)
+    runs = []
+    chunk_sizes = {}
+    os.makedirs(out_dir, exist_ok=True)
+    for count in counts:
+        specs = weak_scaling.device_specs_for('cpu', count)
+        for mode in MODES:
+            seconds = []
+
+            def on_step(index, elapsed, seconds=seconds):
+                if index is not None:
+                    seconds.append(elapsed)
+            info = weak_scaling.time_mode(net, mode, specs, settings, args,
+                                          None, on_step)
+            if mode == results.CGDP:
+                chunk_sizes[count] = info['chunk_size']
+            for index, value in enumerate(seconds):
+                runs.append(results.run_row(mode, count, batch, image_size,
+                                            index, value))
+            print('  measured {} N={}: median {:.3f} s'.format(
+                mode, count, statistics.median(seconds)), flush=True)
+    results.write_csv(os.path.join(out_dir, results.RUNS_FILE),
+                      results.RUNS_COLUMNS, runs)
+    summary = results.summarize(runs)
+    results.write_csv(os.path.join(out_dir, results.SUMMARY_FILE),
+                      results.SUMMARY_COLUMNS, summary)
+    return summary, chunk_sizes
+
+
+def predict_points(profile, summary, chunk_sizes):
+    """Predicted seconds for every measured (mode, N) of the summary.
+
+    Returns:
+        list of dict: Rows with :data:`COLUMNS` (``net`` left empty).
+    """
+    hw = hardware.get_hardware(hardware.CPU_PRESET, profile)
+    rows = []
+    for point in summary:
+        mode, n = point['mode'], point['n_devices']
+        if mode not in MODES or point.get('n_ranks', 1) != 1:
+            continue
+        batch = point['batch_per_device']
+        work = costmodel.build_workload(profile, hw, batch)
+        size = None
+        if mode == results.TYPICAL:
+            predicted = costmodel.simulate_typical(work, hw, n).iteration_s
+            closed = costmodel.typical_closed_form(work, hw, n)
+        else:
+            size = min(chunk_sizes.get(n, 1) or 1, work.n_stages)
+            predicted = costmodel.simulate_cgdp(work, hw, n,
+                                                size).iteration_s
+            closed = costmodel.cgdp_closed_form(work, hw, n, size)
+        measured = point['median_s']
+        rows.append({
+            'net': None, 'mode': mode, 'n_devices': n,
+            'batch_per_device': batch, 'image_size': point['image_size'],
+            'chunk_size': size, 'measured_s': measured,
+            'measured_iqr_s': point['iqr_s'], 'predicted_s': predicted,
+            'closed_form_s': closed,
+            'error': predicted / measured - 1.0})
+    return rows
+
+
+def common_scale_error(rows):
+    """The error left once every prediction is divided by one factor.
+
+    If the cores were busier (or quieter) while profiling than while
+    measuring, every prediction is off by about the same factor; the
+    median of the predicted/measured ratios estimates it, and what remains
+    is the error of the model's shape across modes and device counts.
+
+    Returns:
+        tuple: ``(factor, median absolute error after dividing by it)``.
+    """
+    ratios = [row['predicted_s'] / row['measured_s'] for row in rows]
+    factor = statistics.median(ratios)
+    return factor, statistics.median(abs(r / factor - 1.0) for r in ratios)
+
+
+def format_table(rows):
+    """The validation table as text."""
+    header = '{:<8} {:>3} {:>5} {:>10} {:>9} {:>10} {:>10} {:>8}'.format(
+        'mode', 'N', 'chunk', 'measured', 'iqr', 'simulated', 'closed',
+        'error')
+    lines = [header, '-' * len(header)]
+    for row in rows:
+        lines.append(
+            '{:<8} {:>3} {:>5} {:>9.3f}s {:>8.3f}s {:>9.3f}s {:>9.3f}s '
+            '{:>+7.1%}'.format(
+                row['mode'], row['n_devices'],
+                '-' if row['chunk_size'] is None else row['chunk_size'],
+                row['measured_s'], row['measured_iqr_s'],
+                row['predicted_s'], row['closed_form_s'], row['error']))
+    return '\n'.join(lines)
+
+
+def main(argv=None):
+    from experiments import weak_scaling
+    parser = cli.ArgumentParser(description='Compare the cost model with '
+                                'weak-scaling measurements on this CPU.')
+    parser.add_argument('--net', required=True, type=cli.net_name)
+    parser.add_argument('--results', default='results',
+                        help='results root to search for summary.csv')
+    parser.add_argument('--summary', default=None,
+                        help='a summary.csv to compare with (default: the '
+                             'newest under --results)')
+    parser.add_argument('--measure', action='store_true',
+                        help='measure anew even if a summary exists')
+    parser.add_argument('--devices', type=weak_scaling.device_counts,
+                        default=[1, 2, 4])
+    parser.add_argument('--batch', type=cli.positive_int, default=None)
+    parser.add_argument('--image-size', type=cli.positive_int, default=None)
+    parser.add_argument('--iterations', type=cli.positive_int,
+                        default=SHORT_ITERATIONS)
+    parser.add_argument('--warmup', type=cli.non_negative_int,
+                        default=SHORT_WARMUP)
+    parser.add_argument('--reps', type=cli.positive_int,
+                        default=PROFILE_REPS,
+                        help='profile repetitions (median; default {})'
+                        .format(PROFILE_REPS))
+    parser.add_argument('--statistic', choices=('min', 'median'),
+                        default='min',
+                        help='how the profile summarises its repetitions '
+                             '(default min: the least disturbed by other '
+                             'processes, since the profile and the '
+                             'measurement run at different moments)')
+    parser.add_argument('--out', default=None,
+                        help='table CSV (default results/costmodel/'
+                             'validation_<net>.csv)')
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    load_start = results.load_average()
+    defaults = weak_scaling.CPU_DEFAULTS[args.net]
+
+    summary_path = args.summary
+    own_dir = os.path.join(OUT_DIR, 'validation', args.net)
+    if summary_path is None and not args.measure:
+        summary_path = newest_summary(args.results, args.net)
+        own = os.path.join(own_dir, results.SUMMARY_FILE)
+        if summary_path is None and os.path.exists(own):
+            # A measurement this script made before.
+            summary_path = own
+    if summary_path is not None:
+        if not os.path.exists(summary_path):
+            cli.fail('no such summary file: {}'.format(summary_path))
+        summary = [row for row in results.read_csv(summary_path)
+                   if row['mode'] in MODES and row['n_devices'] in
+                   args.devices]
+        if not summary:
+            cli.fail('{} has no typical or cgdp rows for N in {}'.format(
+                summary_path, args.devices))
+        chunk_sizes = chunk_sizes_of_run(os.path.dirname(summary_path))
+        print('comparing with {}'.format(summary_path))
+    else:
+        batch = args.batch or defaults.batch
+        image_size = args.image_size or defaults.image_size
+        cli.check_image_size(args.net, image_size)
+        out_dir = own_dir
+        print('no summary.csv for {} under {}/: measuring typical and CGDP '
+              'at N={} (batch {}, {} px, {} iterations after {} warm-up) '
+              'into {}'.format(args.net, args.results,
+                               ','.join(map(str, args.devices)), batch,
+                               image_size, args.iterations, args.warmup,
+                               out_dir), flush=True)
+        summary, chunk_sizes = measure(args.net, args.devices, batch,
+                                       image_size, args.iterations,
+                                       args.warmup, out_dir)
+    batches = {row['batch_per_device'] for row in summary}
+    sizes = {row['image_size'] for row in summary}
+    if len(batches) != 1 or len(sizes) != 1:
+        cli.fail('the summary mixes batch sizes {} or image sizes {}; '
+                 'validate one setting at a time'.format(sorted(batches),
+                                                         sorted(sizes)))
+    batch, image_size = batches.pop(), sizes.pop()
+
+    from experiments import train
+    print('profiling {} on one @numpy replica (batch {}, {} px, {} of {} '
+          'reps)'.format(args.net, batch, image_size, args.statistic,
+                         args.reps), flush=True)
+    model = train.build_model(args.net, seed=0)
+    profile = profile_module.profile_model(model, '@numpy', batch,
+                                           image_size, reps=args.reps,
+                                           statistic=args.statistic)
+    profile['net'] = args.net
+    profile_path = profile_module.default_path(args.net, '@numpy', batch,
+                                               image_size)
+    profile_module.save_profile(profile, profile_path)
+    del model
+
+    rows = predict_points(profile, summary, chunk_sizes)
+    for row in rows:
+        row['net'] = args.net
+    errors = [abs(row['error']) for row in rows]
+    median_error = statistics.median(errors)
+    out = args.out or os.path.join(OUT_DIR, 'validation_{}.csv'.format(
+        args.net))
+    os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
+    results.write_csv(out, COLUMNS, rows)
+
+    print()
+    print('{}: predicted (this-cpu preset, {} cores) against measured '
+          'iteration times'.format(args.net,
+                                   profile['machine']['cores']))
+    print(format_table(rows))
+    verdict = 'within' if median_error <= TARGET_MEDIAN_ERROR else 'MISSES'
+    print('median absolute error: {:.1%} ({} the {:.0%} target)'.format(
+        median_error, verdict, TARGET_MEDIAN_ERROR))
+    scale, shape_error = common_scale_error(rows)
+    print('after one common scale factor ({:.2f}, e.g. a different load on '
+          'the shared cores while profiling than while measuring): median '
+          'absolute error {:.1%}'.format(scale, shape_error))
+    print('load average at start {} and end {}; profile {}; table {}'
+          .format(_load(load_start), _load(results.load_average()),
+                  profile_path, out))
+    print('The model leaves out:')
+    for item in costmodel.LEFT_OUT:
+        print('  - ' + item)
+    print('({:.0f} s)'.format(time.perf_counter() - start))
+    return 0
+
+
+def _load(values):
+    if not values:
+        return '?'
+    return '/'.join('{:.1f}'.format(v) for v in values)
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,413 @@
+"""The cost model: simulator against hand-computed cases, closed forms,
+FLOP counting, profiles and bad input."""
+import chainer
+import chainer.functions as F
+import chainer.links as L
+import numpy
+import pytest
+
+from cgdp_chainer import costmodel
+from cgdp_chainer import flops
+from cgdp_chainer import hardware
+from cgdp_chainer.costmodel import Workload
+
+HUGE = 1e15
+
+
+def make_hardware(**changes):
+    """A GPU machine whose costs are easy to compute by hand: no latencies
+    or overheads, and nothing shared unless a test says so."""
+    fields = dict(
+        name='test', description='hand-computable', kind='gpu',
+        physical_devices=8, peak_flops=1e12, compute_efficiency=1.0,
+        device_memory_bw=HUGE, device_array_overhead_s=0.0,
+        devices_per_socket=8, host_link_bw=100.0, host_link_shared=1,
+        copy_latency_s=0.0, copy_engine_bw=100.0, peer_scope='all',
+        peer_bw=100.0, socket_link_bw=HUGE, host_memory_bw=HUGE,
+        host_threads=1, host_thread_bw=HUGE, host_servers=1,
+        host_op_overhead_s=0.0, host_update_overhead_s=0.0,
+        host_chunk_overhead_s=0.0, chunk_overhead_s=0.0)
+    fields.update(changes)
+    return hardware.Hardware(**fields)
+
+
+def workload(forward, backward, param_bytes, arrays=None):
+    return Workload(forward_s=list(forward), backward_s=list(backward),
+                    param_bytes=list(param_bytes),
+                    param_arrays=list(arrays if arrays is not None
+                                      else [1] * len(forward)))
+
+
+def both(work, hw, n, chunk_size):
+    """Simulated and closed-form CGDP seconds."""
+    simulated = costmodel.simulate_cgdp(work, hw, n, chunk_size).iteration_s
+    closed = costmodel.cgdp_closed_form(work, hw, n, chunk_size)
+    return simulated, closed
+
+
+# ------------------------------------------------ hand-computed CGDP cases
+
+def test_one_chunk_exposes_the_whole_sync():
+    # F = 3, B = 6; 400 bytes at 100 B/s: d2h 4, h2d 4; the host job moves
+    # 5 bytes per byte for one device (its slot is lent, MomentumSGD moves
+    # 5): 2000 bytes at 2000 B/s = 1.
+    hw = make_hardware(host_thread_bw=2000.0)
+    work = workload([1, 2], [2, 4], [100, 300])
+    simulated, closed = both(work, hw, 1, chunk_size=2)
+    assert simulated == pytest.approx(3 + 6 + 4 + 1 + 4)
+    assert closed == pytest.approx(simulated)
+
+
+def test_perfect_overlap_leaves_only_the_input_chunk_exposed():
+    # Each chunk's sync (0.1 + 0.1 + 0.1) hides behind the next backward
+    # (2): only the input-side chunk's sync shows.
+    hw = make_hardware(host_thread_bw=900.0)
+    work = workload([1, 1, 1], [2, 2, 2], [10, 10, 10])
+    for n in (1, 2, 4):
+        simulated, closed = both(work, hw, n, chunk_size=1)
+        host = 10 * costmodel.host_traffic_bytes(n, 1) / 900.0
+        assert simulated == pytest.approx(3 + 6 + 0.1 + host + 0.1)
+        assert closed == pytest.approx(simulated)
+
+
+def test_link_bound_pipeline():
+    # Copies of 1 s dominate 0.1 s backwards: the d2h engine and then the
+    # h2d engine are the bottleneck: F + b1 + 3 d2h + last h2d.
+    work = workload([0.1] * 3, [0.1] * 3, [100] * 3)
+    simulated, closed = both(work, make_hardware(), 2, chunk_size=1)
+    assert simulated == pytest.approx(0.3 + 0.1 + 3 * 1.0 + 1.0)
+    assert closed == pytest.approx(simulated)
+
+
+def test_shared_link_halves_each_device_share():
+    # Two devices behind one switch uplink: each copy runs at 50 B/s.
+    work = workload([0.1] * 3, [0.1] * 3, [100] * 3)
+    hw = make_hardware(host_link_shared=2)
+    simulated, closed = both(work, hw, 2, chunk_size=1)
+    assert simulated == pytest.approx(0.3 + 0.1 + 3 * 2.0 + 2.0)
+    assert closed == pytest.approx(simulated)
+    # One device alone on the shared link gets all of it.
+    alone, _ = both(work, hw, 1, chunk_size=1)
+    assert alone == pytest.approx(0.3 + 0.1 + 3 * 1.0 + 1.0)
+
+
+def test_host_bound_pipeline():
+    # Host jobs of 1 s each (500 bytes of traffic at 500 B/s for N = 1)
+    # dominate; copies take 1e-4 s.
+    hw = make_hardware(host_link_bw=1e6, copy_engine_bw=1e6,
+                       host_thread_bw=500.0)
+    work = workload([0.1] * 3, [0.1] * 3, [100] * 3)
+    simulated, closed = both(work, hw, 1, chunk_size=1)
+    assert simulated == pytest.approx(0.3 + 0.1 + 1e-4 + 3 * 1.0 + 1e-4)
+    assert closed == pytest.approx(simulated)
+    # Three host threads take one chunk each: the input chunk's job starts
+    # when its own copy lands.
+    parallel = hw.replace(host_threads=3, host_servers=3)
+    simulated, closed = both(work, parallel, 1, chunk_size=1)
+    assert simulated == pytest.approx(0.3 + 0.3 + 1e-4 + 1.0 + 1e-4)
+    assert closed == pytest.approx(simulated)
+
+
+def test_host_memory_contention_slows_the_simulation_only():
+    # When copies and host threads share a socket's memory, the simulation
+    # charges the contention and the closed form does not.
+    work = workload([0.1] * 4, [0.1] * 4, [100] * 4)
+    hw = make_hardware(host_memory_bw=150.0, host_thread_bw=900.0)
+    simulated, closed = both(work, hw, 2, chunk_size=1)
+    assert simulated > closed * 1.05
+
+
+def test_typical_hand_computed():
+    # N = 2, F = 1, B = 2, 100 bytes at 100 B/s on the peer link, add and
+    # update free. Replica 1 starts one broadcast (1 s) after device 0, so
+    # the gather starts at U + 4 and the update ends at U + 5.
+    work = workload([1.0], [2.0], [100])
+    hw = make_hardware()
+    simulated = costmodel.simulate_typical(work, hw, 2).iteration_s
+    closed = costmodel.typical_closed_form(work, hw, 2)
+    assert simulated == pytest.approx(5.0)
+    assert closed == pytest.approx(5.0)
+    assert costmodel.simulate_typical(work, hw, 1).iteration_s == \
+        pytest.approx(3.0)
+
+
+def test_typical_staged_through_host_crosses_both_links():
+    # Without peer links a copy goes up one PCIe link and down another.
+    work = workload([1.0], [2.0], [100])
+    hw = make_hardware(peer_scope='none', peer_bw=0.0, host_link_bw=50.0)
+    assert costmodel.typical_closed_form(work, hw, 2) == pytest.approx(
+        3.0 + 2.0 + 2.0 - 2.0 + 2.0)  # pipelined broadcast, see above
+    assert costmodel.simulate_typical(work, hw, 2).iteration_s == \
+        pytest.approx(costmodel.typical_closed_form(work, hw, 2))
+
+
+# --------------------------------------- closed form and simulation agree
+
+@pytest.mark.parametrize('n', [1, 2, 3, 4])
+@pytest.mark.parametrize('chunk_size', [1, 2, 3, 7])
+def test_closed_form_matches_simulation_without_contention(n, chunk_size):
+    rng = numpy.random.RandomState(n * 10 + chunk_size)
+    stages = 7
+    work = workload(rng.uniform(0.01, 0.2, stages),
+                    rng.uniform(0.02, 0.4, stages),
+                    [int(b) for b in rng.randint(0, 4000, stages)],
+                    [int(a) for a in rng.randint(0, 5, stages)])
+    hw = make_hardware(copy_latency_s=1e-3, host_thread_bw=2e4,
+                       host_update_overhead_s=1e-3, host_link_bw=2e4,
+                       copy_engine_bw=2e4, host_chunk_overhead_s=1e-3,
+                       chunk_overhead_s=0.03, device_memory_bw=1e5,
+                       device_array_overhead_s=1e-3)
+    simulated, closed = both(work, hw, n, chunk_size)
+    assert closed == pytest.approx(simulated, rel=1e-9)
+    assert costmodel.cgdp_critical_path(work, hw, n, chunk_size) == \
+        pytest.approx(closed, rel=1e-9)
+    typical = costmodel.simulate_typical(work, hw, n).iteration_s
+    assert costmodel.typical_closed_form(work, hw, n) == pytest.approx(
+        typical, rel=1e-9)
+
+
+def test_presets_closed_form_close_to_simulation():
+    # Real presets share host memory, so the two differ, but not wildly.
+    work = workload([0.01] * 10, [0.02] * 10, [4_000_000] * 10, [2] * 10)
+    for name in ('minsky', 'pcie3', 'h100-pcie5', 'gh200'):
+        hw = hardware.get_hardware(name)
+        for n in (1, 4):
+            simulated, closed = both(work, hw, n, 2)
+            assert closed == pytest.approx(simulated, rel=0.25)
+
+
+def test_fair_speeds_max_min():
+    caps = {'a': 1.0, 'b': 3.0}
+    tasks = [costmodel.Task(0, 'x', 0, None, 0, 1, 0, None, {'a': 1.0}),
+             costmodel.Task(1, 'x', 1, None, 0, 1, 0, None, {'a': 1.0,
+                                                             'b': 1.0}),
+             costmodel.Task(2, 'x', 2, None, 0, 1, 0, None, {'b': 1.0}),
+             costmodel.Task(3, 'x', 3, None, 0, 1, 0, None, {})]
+    costmodel.fair_speeds(tasks, caps)
+    assert [t.speed for t in tasks] == pytest.approx([0.5, 0.5, 1.0, 1.0])
+
+
+def cpu_profile(cores=1):
+    """A measured-looking CPU profile: one stage of 1 s forward and 1 s
+    backward, no parameters, free host operations."""
+    return {'device': '@numpy', 'batch': 1, 'stages': [
+        {'forward_s': 1.0, 'backward_s': 1.0, 'forward_1t_s': 1.0,
+         'backward_1t_s': 1.0, 'param_bytes': 0, 'param_arrays': 0}],
+        'copy': {'d2h_bytes_per_s': 1e9, 'h2d_bytes_per_s': 1e9},
+        'host': {'threads': 1, 'ops': {op: {'per_array_s': 0.0,
+                                            'per_byte_s': 0.0}
+                                       for op in ('reduce2', 'reduce_slot',
+                                                  'update', 'addgrads',
+                                                  'copyparams')}},
+        'chunk_overhead': {'forward_s': 0.0, 'backward_s': 0.0},
+        'machine': {'cores': cores}}
+
+
+def test_cpu_replicas_share_the_cores():
+    # Two replicas that each keep one core busy, on one core: each runs at
+    # half speed, so CGDP's compute takes twice as long as alone.
+    profile = cpu_profile()
+    hw = hardware.get_hardware('this-cpu', profile).replace(
+        host_chunk_overhead_s=0.0)
+    work = costmodel.build_workload(profile, hw, 1)
+    assert costmodel.simulate_cgdp(work, hw, 1, 1).iteration_s == \
+        pytest.approx(2.0)
+    assert costmodel.simulate_cgdp(work, hw, 2, 1).iteration_s == \
+        pytest.approx(4.0)
+    assert costmodel.cgdp_closed_form(work, hw, 2, 1) == pytest.approx(4.0)
+    # ParallelUpdater runs the replicas one after the other.
+    assert costmodel.simulate_typical(work, hw, 3).iteration_s == \
+        pytest.approx(6.0)
+
+
+# ------------------------------------------------------------------ flops
+
+class ConvLinear(chainer.Chain):
+    """conv 3->4 (3x3, pad 1) + relu | conv 4->6 (3x3, stride 2, groups 2)
+    | linear 6*4*4 -> 10; three stages."""
+
+    def __init__(self):
+        super(ConvLinear, self).__init__()
+        with self.init_scope():
+            self.c1 = L.Convolution2D(3, 4, 3, pad=1)
+            self.c2 = L.Convolution2D(4, 6, 3, stride=2, pad=1, groups=2,
+                                      nobias=True)
+            self.fc = L.Linear(6 * 4 * 4, 10)
+
+    @property
+    def stages(self):
+        return [lambda x: F.relu(self.c1(x)), self.c2, self.fc]
+
+
+def test_flops_of_a_small_conv_linear_model():
+    model = ConvLinear()
+    costs = flops.stage_costs(model, image_size=8, batch=2)
+    # c1: 2 images x 4 out channels x 8 x 8 outputs x 3 in x 3 x 3 kernel.
+    c1 = 2 * 4 * 8 * 8 * 3 * 3 * 3
+    # c2: 2 x 6 x 4 x 4 outputs x (4 / 2 groups) x 3 x 3.
+    c2 = 2 * 6 * 4 * 4 * 2 * 3 * 3
+    fc = 2 * 96 * 10
+    assert [c['forward_macs'] for c in costs] == [c1, c2, fc]
+    # The input needs no gradient: c1's backward is the weight gradient
+    # only; the others compute both gradients.
+    assert [c['backward_macs'] for c in costs] == [c1, 2 * c2, 2 * fc]
+    assert costs[1]['forward_flops'] == 2 * c2 / 2  # per image
+    assert [c['param_bytes'] for c in costs] == [
+        4 * (4 * 3 * 3 * 3 + 4), 4 * (6 * 2 * 3 * 3), 4 * (96 * 10 + 10)]
+    # c1 is called from a plain function: its parameters count with stage
+    # 0, the lowest chunk, as the runtime assigns them.
+    assert [c['param_arrays'] for c in costs] == [2, 1, 2]
+
+
+def test_flops_of_a_deconvolution():
+    class Deconv(chainer.Chain):
+        def __init__(self):
+            super(Deconv, self).__init__()
+            with self.init_scope():
+                self.d = L.Deconvolution2D(3, 5, 4, stride=2, pad=1)
+
+        @property
+        def stages(self):
+            return [self.d]
+    costs = flops.stage_costs(Deconv(), image_size=6, batch=1)
+    # Every input element is spread over 5 channels x 4 x 4 weights.
+    assert costs[0]['forward_macs'] == 3 * 6 * 6 * 5 * 4 * 4
+
+
+def test_flops_profile_predicts():
+    model = ConvLinear()
+    profile = {'stages': flops.stage_costs(model, image_size=8), 'batch': 1}
+    result = costmodel.predict(profile, 'minsky', 2, 16)
+    assert set(result) >= {'t_typical', 't_cgdp', 'speedup', 'eff_typical',
+                           'eff_cgdp', 'best_chunk_size'}
+    assert 1 <= result['best_chunk_size'] <= 3
+    single = costmodel.predict(profile, 'minsky', 1, 16)
+    assert single['eff_typical'] == pytest.approx(1.0)
+    assert single['eff_cgdp'] == pytest.approx(1.0)
+
+
+# ---------------------------------------------------------------- profiles
+
+def test_profile_model_and_choose_chunk_size():
+    from experiments import profile as profile_module
+    model = ConvLinear()
+
+    class Staged(chainer.Chain):
+        def __init__(self):
+            super(Staged, self).__init__()
+            with self.init_scope():
+                self.net = model
+
+        @property
+        def stages(self):
+            return model.stages
+
+        def forward(self, x):
+            for stage in self.stages:
+                x = stage(x)
+            return x
+    target = L.Classifier(Staged())
+    profile = profile_module.profile_model(target, '@numpy', 2, 8, reps=1,
+                                           n_classes=10)
+    assert len(profile['stages']) == 3
+    assert all(s['forward_s'] >= 0 and s['backward_s'] >= 0
+               for s in profile['stages'])
+    assert sum(s['param_bytes'] for s in profile['stages']) == sum(
+        p.array.nbytes for p in target.params())
+    assert profile['copy']['d2h_bytes_per_s'] > 0
+    assert set(profile['host']['ops']) == {
+        'reduce2', 'reduce_slot', 'update', 'addgrads', 'copyparams'}
+    size = costmodel.choose_chunk_size(profile, 2)
+    assert 1 <= size <= 3
+    assert costmodel.choose_chunk_size(profile, 2, 'minsky') in (1, 2, 3)
+
+
+# --------------------------------------------------------------- bad input
+
+def test_unknown_preset_names_the_choices():
+    with pytest.raises(ValueError, match='minsky.*pcie3.*h100-pcie5.*gh200'):
+        hardware.get_hardware('dgx')
+
+
+def test_this_cpu_needs_a_profile():
+    with pytest.raises(ValueError, match='profile'):
+        hardware.get_hardware('this-cpu')
+
+
+@pytest.mark.parametrize('n', [0, -1, 1.5, True])
+def test_bad_device_count(n):
+    work = workload([1.0], [1.0], [1])
+    with pytest.raises(ValueError, match='n_devices'):
+        costmodel.simulate_cgdp(work, make_hardware(), n, 1)
+
+
+@pytest.mark.parametrize('field', ['host_link_bw', 'peer_bw',
+                                   'host_memory_bw', 'copy_engine_bw'])
+def test_negative_bandwidth(field):
+    with pytest.raises(ValueError, match=field):
+        make_hardware(**{field: -1.0})
+
+
+def test_bad_chunk_size_and_batch():
+    work = workload([1.0, 1.0], [1.0, 1.0], [1, 1])
+    with pytest.raises(ValueError, match='1 to 2'):
+        costmodel.simulate_cgdp(work, make_hardware(), 1, 3)
+    profile = {'stages': [{'forward_flops': 1.0, 'backward_flops': 1.0,
+                           'param_bytes': 4}]}
+    with pytest.raises(ValueError, match='batch'):
+        costmodel.predict(profile, 'minsky', 1, 0)
+    with pytest.raises(ValueError, match='stages'):
+        costmodel.predict({'stages': []}, 'minsky', 1, 1)
+
+
+def test_bad_peer_scope_lists_the_scopes():
+    with pytest.raises(ValueError, match='none, socket, all, pcie'):
+        make_hardware(peer_scope='mesh')
+
+
+def test_updater_chooses_chunk_size_from_the_model():
+    # CGDPUpdater(chunk_size='model') profiles replica 0 on its share of the
+    # first batch and asks choose_chunk_size; training then goes on.
+    from cgdp_chainer import CGDPUpdater
+    from staged_models import StagedMLP
+    model = L.Classifier(StagedMLP())
+    optimizer = chainer.optimizers.MomentumSGD(lr=0.01)
+    optimizer.setup(model)
+    rng = numpy.random.RandomState(0)
+    data = [(rng.rand(6).astype(numpy.float32), numpy.int32(i % 5))
+            for i in range(16)]
+    iterator = chainer.iterators.SerialIterator(data, 8, shuffle=False)
+    updater = CGDPUpdater(iterator, optimizer, ['@numpy', '@numpy'],
+                          chunk_size='model')
+    try:
+        updater.update()
+        assert isinstance(updater.chunk_size, int)
+        assert 1 <= updater.chunk_size <= updater.n_stages
+        updater.update()
+    finally:
+        updater.finalize()
+
+
+def test_validation_points_and_prediction_rows():
+    from experiments import costmodel_predict
+    from experiments import validate_model
+    summary = [{'mode': 'typical', 'n_devices': 2, 'n_ranks': 1,
+                'batch_per_device': 1, 'image_size': 8, 'median_s': 5.0,
+                'iqr_s': 0.1},
+               {'mode': 'cgdp', 'n_devices': 2, 'n_ranks': 1,
+                'batch_per_device': 1, 'image_size': 8, 'median_s': 4.0,
+                'iqr_s': 0.1}]
+    rows = validate_model.predict_points(cpu_profile(), summary, {2: 1})
+    # typical: two replicas one after the other, 2 s each (plus the host
+    # job overhead); cgdp: both at half speed on one core.
+    assert rows[0]['predicted_s'] == pytest.approx(4.0)
+    assert rows[0]['error'] == pytest.approx(4.0 / 5.0 - 1.0)
+    assert rows[1]['predicted_s'] == pytest.approx(4.0, rel=1e-3)
+    assert 'typical' in validate_model.format_table(rows)
+
+    profile = {'stages': flops.stage_costs(ConvLinear(), image_size=8),
+               'batch': 1}
+    predictions = costmodel_predict.predict_rows(
+        'convlinear', profile, 'pcie3', counts=(1, 2), batches=(16,))
+    assert [r['n_devices'] for r in predictions] == [1, 2]
+    assert set(predictions[0]) == set(costmodel_predict.COLUMNS)
