@@ -19,6 +19,10 @@ module also holds what a multi-node run needs around that:
 * :func:`shard_dataset`: each rank's part of the dataset; the global batch
   is the union of the ranks' batches.
 * :func:`make_chainermn_updater`: the ChainerMN baseline.
+* :func:`launched_with_mpi` / :func:`world` / :func:`node_ranks`: whether an
+  MPI launcher started this process (from its environment, without
+  starting MPI), the world communicator then, and the ranks sharing this
+  machine. The experiment scripts switch to their multi-rank modes by them.
 
 Thread support. :class:`ChunkAllreducer` calls MPI from its own thread,
 which is not the thread that initialized MPI. ``MPI_THREAD_FUNNELED`` is
@@ -130,6 +134,72 @@ def init_mpi(thread_level='multiple'):
         MPI.Init_thread(levels[thread_level])
     check_thread_support()
     return MPI
+
+
+# -- launch ------------------------------------------------------------------
+
+# Variables that MPI launchers put into every rank's environment: MPICH's and
+# Intel MPI's Hydra ``mpiexec`` and Slurm's ``srun --mpi=pmi2`` (PMI_SIZE;
+# Hydra also MPI_LOCALNRANKS), Open MPI's ``mpirun`` (OMPI_COMM_WORLD_SIZE)
+# and PMIx launchers (PMIX_RANK).
+LAUNCH_VARIABLES = ('PMI_SIZE', 'OMPI_COMM_WORLD_SIZE', 'MPI_LOCALNRANKS',
+                    'PMIX_RANK')
+
+
+def launched_with_mpi(environ=None):
+    """True when an MPI launcher (``mpiexec``, ``mpirun``, ``srun``) started
+    this process, with any number of ranks (``mpiexec -n 1`` too).
+
+    Looks at environment variables only (:data:`LAUNCH_VARIABLES`), so a
+    plain ``python ...`` run never starts MPI. This is the one test of "am
+    I under MPI" that the experiment scripts use.
+
+    Args:
+        environ (dict or None): The environment; ``os.environ`` if ``None``.
+
+    Returns:
+        bool: Whether a launcher's variable is set.
+    """
+    environ = os.environ if environ is None else environ
+    return any(environ.get(name) for name in LAUNCH_VARIABLES)
+
+
+def world(environ=None):
+    """``MPI.COMM_WORLD`` under an MPI launch, ``None`` otherwise.
+
+    Under a launch (see :func:`launched_with_mpi`) MPI is started with
+    thread support (:func:`init_mpi`); otherwise MPI is not touched.
+
+    Args:
+        environ (dict or None): The environment; ``os.environ`` if ``None``.
+
+    Returns:
+        mpi4py.MPI.Comm or None: The world communicator.
+    """
+    if not launched_with_mpi(environ):
+        return None
+    return init_mpi().COMM_WORLD
+
+
+def node_ranks(comm):
+    """This rank's place among the ranks on its own machine. Collective.
+
+    Ranks that share a machine share its cores (and GPUs): the experiment
+    scripts divide them by this.
+
+    Args:
+        comm: ``mpi4py.MPI.Comm`` or a ChainerMN communicator.
+
+    Returns:
+        tuple of int: ``(local_rank, local_size)``.
+    """
+    from mpi4py import MPI
+    comm = as_mpi_comm(comm)
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        return local.Get_rank(), local.Get_size()
+    finally:
+        local.Free()
 
 
 class AllreduceHandle(object):

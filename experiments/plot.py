@@ -39,6 +39,8 @@ MODE_STYLES = {
     'nccl': {'color': 'tab:green', 'marker': 's',
              'label': 'nccl (MultiprocessParallelUpdater)'},
     'cgdp': {'color': 'tab:red', 'marker': '^', 'label': 'CGDP'},
+    'chainermn': {'color': 'tab:gray', 'marker': 'v',
+                  'label': 'ChainerMN (1 device per rank)'},
 }
 _SPARE_COLORS = ('tab:purple', 'tab:brown', 'tab:olive', 'tab:cyan')
 
@@ -86,6 +88,17 @@ def _device_ticks(ax, summary):
     ax.set_xticklabels([str(c) for c in counts])
 
 
+def _multi_rank(summary):
+    return any(r.get('n_ranks', 1) > 1 for r in summary)
+
+
+def _replicas_label(summary):
+    """The x axis: devices N, or ranks x devices with MPI rows."""
+    if _multi_rank(summary):
+        return 'replicas = ranks R x devices per rank N'
+    return 'devices N'
+
+
 # ------------------------------------------------------------ single figures
 
 def plot_efficiency_lines(ax, summary):
@@ -106,11 +119,16 @@ def plot_efficiency_lines(ax, summary):
                 label=style['label'])
     ax.axhline(1.0, color='black', linestyle=':', linewidth=1,
                label='ideal')
+    if summary and all(r['efficiency'] is None for r in summary):
+        # An MPI run has no 1-rank x 1-device row to compare with.
+        ax.text(0.5, 0.5, 'no efficiency: this run has no 1-device (1-rank) '
+                'row of these modes', transform=ax.transAxes, ha='center',
+                va='center', fontsize='small', color='gray')
     top = max([1.0] + [r['efficiency'] for r in summary
                        if r['efficiency'] is not None])
     ax.set_ylim(0, top * 1.1)
     _device_ticks(ax, summary)
-    ax.set_xlabel('devices N')
+    ax.set_xlabel(_replicas_label(summary))
     ax.set_ylabel('efficiency = throughput(N) / (N x throughput(1))')
     ax.grid(True, alpha=0.3)
 
@@ -158,7 +176,7 @@ def draw_throughput(summary, env, path):
                 label='ideal (N x typical on 1 device)')
     ax.set_ylim(bottom=0)
     _device_ticks(ax, summary)
-    ax.set_xlabel('devices N')
+    ax.set_xlabel(_replicas_label(summary))
     ax.set_ylabel('throughput (images / s)')
     ax.set_title('Training throughput\n' + _setting_line(env))
     ax.grid(True, alpha=0.3)
@@ -196,10 +214,15 @@ def draw_speedup(summary, env, path):
     ax.axhline(1.0, color='black', linestyle=':', linewidth=1,
                label='no speedup')
     ax.set_ylim(0, max(values + [1.0]) * 1.2)
-    ax.set_xlabel('devices N')
-    ax.set_ylabel('speedup = typical time / CGDP time per iteration')
-    ax.set_title('CGDP speedup over typical data parallel\n'
-                 + _setting_line(env))
+    ax.set_xlabel(_replicas_label(rows))
+    if _multi_rank(rows):
+        # Multi-rank rows are compared with ChainerMN (results.summarize).
+        ax.set_ylabel('speedup = ChainerMN time / CGDP time per iteration')
+        ax.set_title('CGDP speedup over ChainerMN\n' + _setting_line(env))
+    else:
+        ax.set_ylabel('speedup = typical time / CGDP time per iteration')
+        ax.set_title('CGDP speedup over typical data parallel\n'
+                     + _setting_line(env))
     ax.grid(True, axis='y', alpha=0.3)
     ax.legend(loc='upper left', fontsize='small')
     fig.tight_layout()
@@ -283,9 +306,12 @@ def draw_timeline(rows, env, path):
     ax.set_xlabel('time since the iteration began ({}); bar labels: chunk '
                   'index'.format(unit))
     ax.set_ylabel('replica / host')
-    timeline_info = env.get('timeline', {})
-    ax.set_title('One measured CGDP iteration (N={}, iteration {}, chunk '
+    timeline_info = env.get('timeline') or {}
+    n_ranks = timeline_info.get('n_ranks', 1)
+    ax.set_title('One measured CGDP iteration ({}N={}, iteration {}, chunk '
                  'size {})\n{}'.format(
+                     'rank 0 of R={}, '.format(n_ranks) if n_ranks > 1
+                     else '',
                      timeline_info.get('n_devices', '?'),
                      timeline_info.get('iteration', '?'),
                      timeline_info.get('chunk_size', '?'),

@@ -57,6 +57,9 @@ _FLOAT_COLUMNS = frozenset(('seconds', 'median_s', 'iqr_s', 'throughput',
 # The single-process baseline mode; speedups are measured against it.
 TYPICAL = 'typical'
 CGDP = 'cgdp'
+# The multi-rank baseline (ChainerMN, one device per rank): multi-rank CGDP
+# rows are compared with it.
+CHAINERMN = 'chainermn'
 
 
 # ---------------------------------------------------------------- run folders
@@ -216,7 +219,8 @@ def run_row(mode, n_devices, batch_per_device, image_size, iteration,
     """One row of ``runs.csv``.
 
     Args:
-        mode (str): ``typical``, ``nccl``, ``cgdp`` (or a mode added later).
+        mode (str): ``typical``, ``nccl``, ``cgdp``, ``chainermn`` (or a
+            mode added later).
         n_devices (int): Devices per rank.
         batch_per_device (int): Examples per device and iteration.
         image_size (int): Height and width of the input images.
@@ -251,9 +255,15 @@ def summarize(runs):
     - ``efficiency``: weak-scaling efficiency ``throughput(N) / (N x
       throughput(1))`` within the mode. A mode never run on one replica
       (``nccl`` needs two GPUs) is compared with the ``typical`` one-device
-      run, which is the same single-device training.
+      run, which is the same single-device training. A multi-rank row
+      (``n_ranks`` R > 1, N devices per rank) is ``throughput / (R x N x
+      throughput of the same mode at 1 rank x 1 device)``, only where such
+      a row is in ``runs``; otherwise empty (an MPI run has R fixed; see
+      :func:`summary_notes`).
     - ``speedup_vs_typical``: for ``cgdp`` rows, the ``typical`` median over
-      the ``cgdp`` median at the same replica count; empty otherwise.
+      the ``cgdp`` median at the same replica count; for multi-rank ``cgdp``
+      rows the multi-rank typical data parallel baseline, ``chainermn``, at
+      the same ranks and replica count; empty otherwise.
 
     Args:
         runs (list of dict): Rows as written by :func:`run_row`.
@@ -279,26 +289,33 @@ def summarize(runs):
             'throughput': float(batch * replicas / median),
             'efficiency': None, 'speedup_vs_typical': None})
 
-    def find(mode, replicas, batch, size):
+    def find(mode, replicas, batch, size, n_ranks=None):
         for row in summary:
             if (row['mode'] == mode and workers(row) == replicas
                     and row['batch_per_device'] == batch
-                    and row['image_size'] == size):
+                    and row['image_size'] == size
+                    and n_ranks in (None, row['n_ranks'])):
                 return row
         return None
 
     for row in summary:
         batch, size = row['batch_per_device'], row['image_size']
-        single = (find(row['mode'], 1, batch, size)
-                  or find(TYPICAL, 1, batch, size))
+        multi_rank = row['n_ranks'] > 1
+        single = find(row['mode'], 1, batch, size)
+        if single is None and not multi_rank:
+            single = find(TYPICAL, 1, batch, size)
         if single is not None:
             row['efficiency'] = row['throughput'] / (
                 workers(row) * single['throughput'])
         if row['mode'] == CGDP:
-            typical = find(TYPICAL, workers(row), batch, size)
-            if typical is not None:
+            if multi_rank:
+                baseline = find(CHAINERMN, workers(row), batch, size,
+                                row['n_ranks'])
+            else:
+                baseline = find(TYPICAL, workers(row), batch, size, 1)
+            if baseline is not None:
                 row['speedup_vs_typical'] = (
-                    typical['median_s'] / row['median_s'])
+                    baseline['median_s'] / row['median_s'])
 
     mode_order = []
     for row in summary:
@@ -306,6 +323,36 @@ def summarize(runs):
             mode_order.append(row['mode'])
     summary.sort(key=lambda r: (mode_order.index(r['mode']), workers(r)))
     return summary
+
+
+def summary_notes(summary):
+    """Sentences that explain empty or special cells of multi-rank rows.
+
+    Args:
+        summary (list of dict): ``summary.csv`` rows.
+
+    Returns:
+        list of str: Notes to print under the table (empty without
+        multi-rank rows).
+    """
+    notes = []
+    multi = [row for row in summary if row['n_ranks'] > 1]
+    if not multi:
+        return notes
+    missing = sorted({row['mode'] for row in multi
+                      if row['efficiency'] is None})
+    if missing:
+        notes.append(
+            'efficiency of multi-rank rows = throughput / (R x N x '
+            'throughput of the same mode at 1 rank x 1 device); empty for '
+            '{}: this run has no 1-rank x 1-device row of that mode (an MPI '
+            'run has R fixed: compare with RANKS=1, or with a plain make '
+            'experiment)'.format(', '.join(missing)))
+    if any(row['mode'] == CGDP for row in multi):
+        notes.append('speedup of multi-rank cgdp rows: chainermn time / cgdp '
+                      'time at the same ranks and replicas (ChainerMN is the '
+                      'multi-rank typical data parallel)')
+    return notes
 
 
 def timeline_rows(events, iteration, start):

@@ -17,6 +17,26 @@ ends with exactly the parameters of an uninterrupted run.
 :func:`build_model`, :func:`build_optimizer`, :func:`build_iterator` and
 :func:`build_updater` are the construction steps, reused by the other
 experiment scripts.
+
+Several processes (MPI)::
+
+    mpiexec -n 2 python -m experiments.train --net resnet152 \
+        --updater cgdp --devices @numpy,@numpy --batchsize 8 ...
+
+Under an MPI launch (:func:`cgdp_chainer.mpi.launched_with_mpi`) every rank
+trains on its shard of the data (:func:`cgdp_chainer.mpi.shard_dataset`, one
+shuffled split shared by all ranks) and ``--batchsize`` is the batch of ONE
+rank, spread over its ``--devices``: the global batch is ranks x batchsize.
+``--updater cgdp`` sums each chunk's gradients over the local devices and
+then across the ranks (``CGDPUpdater(..., mpi_comm=MPI.COMM_WORLD)``);
+``--updater chainermn`` is the ChainerMN baseline, one device per rank
+(:func:`cgdp_chainer.mpi.make_chainermn_updater`); ``standard`` and
+``parallel`` do not communicate and are refused with more than one rank.
+Several ranks on one machine take distinct GPUs (see :func:`rank_devices`).
+Rank 0 alone writes the log, the snapshots, the trace and prints the
+report and progress bar (its log shows rank 0's loss over its share of the
+batch); an exception or Ctrl-C on any rank aborts the whole job
+(:func:`cgdp_chainer.mpi.install_abort_hooks`), so no rank waits forever.
 """
 import os
 import sys
@@ -26,13 +46,16 @@ from experiments import cli  # NOQA: first, it silences import-time warnings
 
 from cgdp_chainer import datasets
 from cgdp_chainer import devices as devices_module
+from cgdp_chainer import mpi as cgdp_mpi
 
 import chainer
 from chainer import training
 from chainer.training import extensions
 import numpy
 
-UPDATERS = ('standard', 'parallel', 'cgdp')
+UPDATERS = ('standard', 'parallel', 'cgdp', 'chainermn')
+# Updaters that communicate across MPI ranks.
+MPI_UPDATERS = ('cgdp', 'chainermn')
 REDUCTIONS = ('mean', 'sum')
 DEFAULT_CHUNK_SIZE = 1
 DEFAULT_REDUCTION = 'mean'
@@ -142,32 +165,38 @@ def _device_specs(devices):
 
 
 def build_updater(kind, iterator, optimizer, devices, chunk_size=None,
-                  reduction=None, timeline=None, **cgdp_options):
-    """The updater of one of the three training modes.
+                  reduction=None, timeline=None, comm=None, **cgdp_options):
+    """The updater of one of the training modes.
 
     Args:
         kind (str): ``'standard'`` (StandardUpdater on one device),
             ``'parallel'`` (Chainer's ParallelUpdater, devices named
-            ``main``, ``replica1``, ...) or ``'cgdp'``
-            (:class:`cgdp_chainer.CGDPUpdater`).
-        iterator: The training iterator.
+            ``main``, ``replica1``, ...), ``'cgdp'``
+            (:class:`cgdp_chainer.CGDPUpdater`) or ``'chainermn'`` (the
+            ChainerMN baseline, one device per rank; needs ``comm``).
+        iterator: The training iterator (this rank's, under MPI).
         optimizer: The optimizer, set up on the model.
         devices (sequence): Device specifiers or Chainer devices, one per
-            replica.
+            replica (of this rank).
         chunk_size (int, str or None): CGDP chunk size (``'auto'``,
             ``'model'`` or a positive int); CGDP's default if ``None``.
         reduction (str or None): CGDP gradient reduction, ``'mean'`` or
             ``'sum'``; ``'mean'`` if ``None``.
         timeline (cgdp_chainer.Timeline or None): CGDP event recorder.
+        comm (mpi4py.MPI.Comm or None): The ranks to train with: CGDP's
+            ``mpi_comm``, or ChainerMN's communicator. Collective when
+            given: every rank builds its updater at the same point.
         **cgdp_options: Further keyword arguments of CGDPUpdater (e.g.
-            ``blas_threads``, ``mpi_comm``).
+            ``blas_threads``).
 
     Returns:
         chainer.training.Updater: The updater (it places the model).
 
     Raises:
         ValueError: Unknown kind or device, more than one device for
-            ``'standard'``, or CGDP options for another kind.
+            ``'standard'`` or ``'chainermn'``, CGDP options for another
+            kind, ``'chainermn'`` without ``comm``, or ``'standard'`` or
+            ``'parallel'`` with a ``comm`` of more than one rank.
     """
     specs = _device_specs(devices)
     parsed = devices_module.parse_devices(specs)
@@ -180,6 +209,10 @@ def build_updater(kind, iterator, optimizer, devices, chunk_size=None,
         if cgdp_options:
             raise ValueError('{} apply only to the cgdp updater'.format(
                 ', '.join(sorted(cgdp_options))))
+    if kind in ('standard', 'parallel') and comm is not None and \
+            cgdp_mpi.as_mpi_comm(comm).Get_size() > 1:
+        raise ValueError('the {} updater does not communicate across MPI '
+                         'ranks; use cgdp or chainermn'.format(kind))
     if kind == 'standard':
         if len(parsed) != 1:
             raise ValueError('the standard updater takes one device, got '
@@ -194,18 +227,37 @@ def build_updater(kind, iterator, optimizer, devices, chunk_size=None,
                                          devices=device_dict)
     if kind == 'cgdp':
         from cgdp_chainer import CGDPUpdater
+        if comm is not None:
+            cgdp_options['mpi_comm'] = comm
         return CGDPUpdater(
             iterator, optimizer, specs,
             chunk_size=DEFAULT_CHUNK_SIZE if chunk_size is None
             else chunk_size,
             reduction=DEFAULT_REDUCTION if reduction is None else reduction,
             timeline=timeline, **cgdp_options)
+    if kind == 'chainermn':
+        if comm is None:
+            raise ValueError('the chainermn updater needs an MPI '
+                             'communicator (comm=)')
+        if len(parsed) != 1:
+            raise ValueError('the chainermn updater takes one device per '
+                             'rank, got {}; use cgdp for several'.format(
+                                 len(parsed)))
+        # CGDPUpdater checks this itself; ChainerMN would only broadcast.
+        cgdp_mpi.check_consistency(comm, optimizer.target, optimizer)
+        return cgdp_mpi.make_chainermn_updater(iterator, optimizer, comm,
+                                               parsed[0])
     raise ValueError('unknown updater {!r}; choose from {}'.format(
         kind, ', '.join(UPDATERS)))
 
 
-def _global_seed(seed, iteration):
-    sequence = numpy.random.SeedSequence([_STREAM_GLOBAL, seed, iteration])
+def _global_seed(seed, iteration, rank=0):
+    entropy = [_STREAM_GLOBAL, seed, iteration]
+    if rank:
+        # Other ranks draw other dropout masks; rank 0 (and a run without
+        # MPI) keeps the single-process stream.
+        entropy.append(rank)
+    sequence = numpy.random.SeedSequence(entropy)
     return int(sequence.generate_state(1)[0])
 
 
@@ -219,16 +271,19 @@ class ReseedGlobalRandom(training.Extension):
 
     Args:
         seed (int): The run's seed.
+        rank (int): The MPI rank (0 without MPI); ranks draw different
+            masks for their different examples.
     """
 
     trigger = 1, 'iteration'
     priority = training.PRIORITY_WRITER
 
-    def __init__(self, seed):
+    def __init__(self, seed, rank=0):
         self.seed = seed
+        self.rank = rank
 
     def _reseed(self, trainer):
-        value = _global_seed(self.seed, trainer.updater.iteration)
+        value = _global_seed(self.seed, trainer.updater.iteration, self.rank)
         numpy.random.seed(value)
         cupy = devices_module.cupy_module()
         if cupy is not None:
@@ -254,8 +309,11 @@ def _default_interval(iterations):
 
 
 def build_trainer(updater, iterations, out, snapshot_every=None,
-                  log_interval=None, seed=0):
+                  log_interval=None, seed=0, rank=0):
     """The Trainer with log, printed report, progress bar and snapshots.
+
+    Under MPI only rank 0 gets the extensions that write (log, report,
+    progress bar, snapshots); every rank reseeds its random state.
 
     Args:
         updater: The updater.
@@ -266,11 +324,15 @@ def build_trainer(updater, iterations, out, snapshot_every=None,
         log_interval (int or None): Iterations between log entries and
             progress bar updates; between 1 and 10 by default.
         seed (int): Seed for the global random states (dropout).
+        rank (int): The MPI rank (0 without MPI).
 
     Returns:
         chainer.training.Trainer: The trainer.
     """
     trainer = training.Trainer(updater, (iterations, 'iteration'), out=out)
+    trainer.extend(ReseedGlobalRandom(seed, rank))
+    if rank != 0:
+        return trainer
     interval = log_interval or _default_interval(iterations)
 
     def snapshot_due(trainer):
@@ -278,7 +340,6 @@ def build_trainer(updater, iterations, out, snapshot_every=None,
         return iteration == iterations or bool(
             snapshot_every and iteration % snapshot_every == 0)
 
-    trainer.extend(ReseedGlobalRandom(seed))
     trainer.extend(extensions.LogReport(trigger=(interval, 'iteration')))
     # Chainer binds sys.stdout as a default argument at import time; passing
     # the current one lets callers (and pytest) redirect the output.
@@ -297,14 +358,17 @@ def build_parser():
     parser = cli.ArgumentParser(
         prog='python -m experiments.train',
         description='Train a reference network with the standard, parallel '
-                    'or CGDP updater.')
+                    'or CGDP updater; under mpiexec with CGDP or ChainerMN '
+                    'across the ranks.')
     parser.add_argument('--net', required=True, type=cli.net_name,
                         help='network: alexnet, googlenet, vgg16, resnet152 '
                              '(see models.NETWORKS)')
     parser.add_argument('--updater', choices=UPDATERS, default='standard',
                         help='standard: one device; parallel: Chainer\'s '
-                             'ParallelUpdater; cgdp: CGDPUpdater '
-                             '(default: standard)')
+                             'ParallelUpdater; cgdp: CGDPUpdater (across '
+                             'the ranks under mpiexec); chainermn: the '
+                             'ChainerMN baseline, one device per rank, '
+                             'needs mpiexec (default: standard)')
     device_group = parser.add_mutually_exclusive_group()
     device_group.add_argument(
         '--devices', type=cli.device_list, dest='devices', metavar='LIST',
@@ -316,7 +380,8 @@ def build_parser():
     parser.add_argument('--batchsize', '-b', type=cli.positive_int,
                         default=8, metavar='N',
                         help='examples per iteration, over all devices '
-                             '(default: 8)')
+                             'of this process; under mpiexec per rank, so '
+                             'the global batch is ranks x N (default: 8)')
     parser.add_argument('--image-size', type=cli.positive_int, default=224,
                         metavar='PX', help='side of the input images, the '
                         'crop size for --train-list (default: 224)')
@@ -383,6 +448,15 @@ def parse_args(argv=None):
     if args.updater == 'standard' and n_devices != 1:
         cli.fail('--updater standard runs on one device, got {}; use '
                  '--updater parallel or cgdp'.format(n_devices))
+    if args.updater == 'chainermn':
+        if not cgdp_mpi.launched_with_mpi():
+            cli.fail('--updater chainermn runs one process per device and '
+                     'needs an MPI launch: mpiexec -n R python -m '
+                     'experiments.train --updater chainermn ...')
+        if n_devices != 1:
+            cli.fail('--updater chainermn takes one device per rank, got '
+                     '{}; use --updater cgdp for several devices per '
+                     'rank'.format(n_devices))
     if args.updater != 'cgdp':
         for option, value in (('--chunk-size', args.chunk_size),
                               ('--reduction', args.reduction),
@@ -399,37 +473,64 @@ def parse_args(argv=None):
     return args
 
 
-def run(args):
+def _shard(dataset, comm, seed):
+    """This rank's shard of ``dataset`` (one shuffled split for all ranks).
+
+    The split is shuffled, so that a list sorted by class does not give
+    each rank a few classes only; the dataset's ``set_epoch`` (real images'
+    augmentation) stays reachable for the iterator.
+    """
+    shard = cgdp_mpi.shard_dataset(dataset, comm, shuffle=True, seed=seed)
+    set_epoch = getattr(dataset, 'set_epoch', None)
+    if set_epoch is not None:
+        shard.set_epoch = set_epoch
+    return shard
+
+
+def run(args, comm=None):
     """Trains as ``args`` say (see :func:`parse_args`).
 
     Args:
         args (argparse.Namespace): Checked arguments.
+        comm (mpi4py.MPI.Comm or None): The ranks to train with (see the
+            module's docstring); ``None``: one process.
 
     Returns:
         chainer.training.Trainer: The trainer after the run.
     """
+    rank = 0 if comm is None else comm.Get_rank()
     try:
         dataset = build_dataset(args.image_size, n_classes=args.classes,
                                 seed=args.seed, length=args.train_length,
                                 train_list=args.train_list, root=args.root)
     except datasets.ImageListError as error:
         cli.fail(str(error))
+    if comm is not None:
+        dataset = _shard(dataset, comm, args.seed)
+        if rank == 0:
+            size = comm.Get_size()
+            print('MPI: {} ranks x {} device(s); batch {} per rank, {} in '
+                  'all; {} examples per rank; rank 0 writes the log and '
+                  'snapshots'.format(size, len(args.devices), args.batchsize,
+                                     args.batchsize * size, len(dataset)),
+                  flush=True)
     model = build_model(args.net, n_classes=args.classes, seed=args.seed)
     optimizer = build_optimizer(model, lr=args.lr, momentum=args.momentum)
     iterator = build_iterator(dataset, args.batchsize, seed=args.seed)
     timeline = None
-    if args.trace is not None:
+    if args.trace is not None and rank == 0:
         from cgdp_chainer import Timeline
         timeline = Timeline()
     updater = build_updater(args.updater, iterator, optimizer, args.devices,
                             chunk_size=args.chunk_size,
-                            reduction=args.reduction, timeline=timeline)
+                            reduction=args.reduction, timeline=timeline,
+                            comm=comm)
     started = False
     try:
         trainer = build_trainer(updater, args.iterations, args.out,
                                 snapshot_every=args.snapshot_every,
                                 log_interval=args.log_interval,
-                                seed=args.seed)
+                                seed=args.seed, rank=rank)
         if args.resume is not None:
             try:
                 chainer.serializers.load_npz(args.resume, trainer)
@@ -445,6 +546,8 @@ def run(args):
         if not started:
             updater.finalize()
     seconds = time.perf_counter() - start_time
+    if rank != 0:
+        return trainer
     if timeline is not None:
         trace_dir = os.path.dirname(os.path.abspath(args.trace))
         os.makedirs(trace_dir, exist_ok=True)
@@ -453,6 +556,73 @@ def run(args):
     print('trained {} to iteration {} in {:.1f} s; log and snapshots in '
           '{}'.format(args.net, updater.iteration, seconds, args.out))
     return trainer
+
+
+def rank_devices(specs, local_rank):
+    """This rank's devices when several ranks share a machine.
+
+    ``--devices`` names the GPUs of the first rank on each machine; the
+    rank with local rank L (L-th on its machine) takes the same number of
+    GPUs from ``L x len(specs)`` on, so ``mpiexec -ppn 4 ... --device
+    @cupy:0`` gives the four ranks of a node GPUs 0, 1, 2 and 3. CPU
+    replicas stay as they are.
+
+    Args:
+        specs (list of str): The ``--devices`` specifiers.
+        local_rank (int): This rank's index among the ranks on its machine.
+
+    Returns:
+        list of str: The specifiers this rank uses.
+    """
+    shifted = []
+    for spec in specs:
+        if spec.startswith('@cupy:'):
+            spec = '@cupy:{}'.format(int(spec.split(':', 1)[1])
+                                     + local_rank * len(specs))
+        shifted.append(spec)
+    return shifted
+
+
+def run_mpi(args, comm):
+    """:func:`run` on every rank of ``comm``, ending the job on failure.
+
+    An exception (or Ctrl-C) on any rank aborts the whole job with that
+    rank's traceback; bad input found on one rank (its ``error:`` line
+    printed) aborts it with status 2. Either way no rank waits forever in
+    a collective that another rank will never join.
+
+    Args:
+        args (argparse.Namespace): Checked arguments.
+        comm (mpi4py.MPI.Comm): The world communicator.
+
+    Returns:
+        chainer.training.Trainer: The trainer after the run.
+    """
+    if comm.Get_size() > 1 and args.updater not in MPI_UPDATERS:
+        # Every rank reaches this verdict: a clean exit 2 everywhere.
+        cli.fail('--updater {} does not communicate across MPI ranks ({} '
+                 'ranks here); use --updater cgdp or chainermn under '
+                 'mpiexec'.format(args.updater, comm.Get_size()))
+    cgdp_mpi.install_abort_hooks(comm)
+    try:
+        local_rank, local_size = cgdp_mpi.node_ranks(comm)
+        if local_size > 1:
+            args.devices = rank_devices(args.devices, local_rank)
+            try:
+                devices_module.parse_devices(args.devices)
+            except ValueError as error:
+                cli.fail('rank {} ({} of {} ranks on its machine) would use '
+                         '{}: {}'.format(comm.Get_rank(), local_rank + 1,
+                                         local_size, ','.join(args.devices),
+                                         error))
+        return run(args, comm)
+    except SystemExit as error:
+        if error.code in (None, 0):
+            raise
+        sys.stderr.flush()
+        code = error.code if isinstance(error.code, int) else 1
+        comm.Abort(code)
+        raise
 
 
 def main(argv=None):
@@ -464,7 +634,12 @@ def main(argv=None):
     Returns:
         int: Exit status 0 (bad input exits with 2 through SystemExit).
     """
-    run(parse_args(argv))
+    args = parse_args(argv)
+    comm = cgdp_mpi.world()  # None (and MPI untouched) without mpiexec
+    if comm is None:
+        run(args)
+    else:
+        run_mpi(args, comm)
     return 0
 
 

@@ -4,8 +4,11 @@ Every test launches ``mpiexec -n 2 python tests/mpi_scripts/X.py`` with the
 mpiexec of the venv's ``mpich`` wheel, under a timeout, and reads the
 job's status and output. A script prints ``OK <name> rank <r>`` per rank
 when all its checks pass; a failed check aborts the job with the rank's
-traceback (cgdp_chainer.mpi.abort_on_exception).
+traceback (cgdp_chainer.mpi.abort_on_exception). The experiment scripts
+(``python -m experiments.train`` / ``experiments.weak_scaling``) run the
+same way, as ``mpiexec -launcher fork -n 2 python -m MODULE ...``.
 """
+import json
 import os
 import re
 import signal
@@ -16,6 +19,7 @@ import time
 import pytest
 
 from cgdp_chainer import mpi as cgdp_mpi
+from experiments import results
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                        'mpi_scripts')
@@ -40,6 +44,12 @@ def mpiexec_command(n_ranks, script, *args):
              sys.executable, os.path.join(SCRIPTS, script)] + list(args))
 
 
+def mpiexec_module_command(n_ranks, module, *args):
+    """``mpiexec ... python -m module args`` on ``n_ranks`` local ranks."""
+    return ([mpiexec_path(), '-launcher', 'fork', '-n', str(n_ranks),
+             sys.executable, '-m', module] + list(args))
+
+
 def mpi_environment():
     """The test's environment, with one BLAS/OpenMP thread per rank: the
     ranks share few cores, and oversubscribed BLAS only slows them down."""
@@ -47,6 +57,12 @@ def mpi_environment():
     env.update(OMP_NUM_THREADS='1', OPENBLAS_NUM_THREADS='1',
                MKL_NUM_THREADS='1', PYTHONWARNINGS='ignore')
     return env
+
+
+def plain_environment():
+    """The environment without any MPI launcher's variables."""
+    return {key: value for key, value in mpi_environment().items()
+            if key not in cgdp_mpi.LAUNCH_VARIABLES}
 
 
 class Job(object):
@@ -69,20 +85,43 @@ def run_mpi(script, *args, n_ranks=N_RANKS, timeout=JOB_TIMEOUT):
     Returns:
         Job: The finished job.
     """
-    started = time.monotonic()
-    process = subprocess.Popen(
-        mpiexec_command(n_ranks, script, *args), cwd=REPO_ROOT,
-        env=mpi_environment(), stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True,
+    return run_job(mpiexec_command(n_ranks, script, *args), timeout)
+
+
+def run_mpi_module(module, *args, n_ranks=N_RANKS, timeout=JOB_TIMEOUT):
+    """Runs ``python -m module args`` as an MPI job (see :func:`run_job`).
+
+    Returns:
+        Job: The finished job.
+    """
+    return run_job(mpiexec_module_command(n_ranks, module, *args), timeout)
+
+
+def start_job(command):
+    """Starts a job in its own process group, output merged, from the
+    repository root."""
+    return subprocess.Popen(
+        command, cwd=REPO_ROOT, env=mpi_environment(),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         # Its own process group: on a timeout the ranks die with mpiexec.
         start_new_session=True)
+
+
+def run_job(command, timeout=JOB_TIMEOUT):
+    """Runs ``command``; kills its whole process group if it overruns.
+
+    Returns:
+        Job: The finished job.
+    """
+    started = time.monotonic()
+    process = start_job(command)
     try:
         output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         output, _ = process.communicate()
-        pytest.fail('MPI job {} {} hung for {} s; output:\n{}'.format(
-            script, ' '.join(args), timeout, output))
+        pytest.fail('MPI job {} hung for {} s; output:\n{}'.format(
+            ' '.join(command), timeout, output))
     return Job(process.returncode, output, time.monotonic() - started)
 
 
@@ -203,3 +242,171 @@ def test_chainermn_baseline_equals_one_process_on_the_whole_batch(mpiexec):
 @pytest.mark.mpi
 def test_multi_node_cgdp_equals_one_process_with_as_many_devices(mpiexec):
     assert_ok(run_mpi('cgdp_equivalence.py'), 'cgdp')
+
+
+# -- launch detection (no MPI started) ----------------------------------------
+
+def test_launch_is_detected_from_any_launchers_variable():
+    assert not cgdp_mpi.launched_with_mpi({})
+    assert not cgdp_mpi.launched_with_mpi({'PMI_SIZE': ''})
+    for name, value in [('PMI_SIZE', '2'), ('OMPI_COMM_WORLD_SIZE', '4'),
+                        ('MPI_LOCALNRANKS', '1'), ('PMIX_RANK', '0')]:
+        assert cgdp_mpi.launched_with_mpi({name: value}), name
+    # Without a launch, world() does not start MPI.
+    assert cgdp_mpi.world({}) is None
+
+
+# -- the experiment scripts under mpiexec --------------------------------------
+
+TINY_MODEL = ['--net', 'alexnet', '--image-size', '64', '--classes', '4',
+              '--batchsize', '2']
+TINY_TRAIN = TINY_MODEL + ['--iterations', '2']
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.parametrize('updater', ['cgdp', 'chainermn'])
+def test_train_under_two_ranks_rank_0_writes_log_and_snapshot(
+        mpiexec, tmp_path, updater):
+    out = str(tmp_path / updater)
+    job = run_mpi_module('experiments.train', *TINY_TRAIN,
+                         '--updater', updater, '--out', out)
+    assert job.returncode == 0, job.output
+    assert 'MPI: 2 ranks x 1 device(s); batch 2 per rank, 4 in all' in \
+        job.output
+    # Only rank 0 prints the report and its last line.
+    assert job.output.count('trained alexnet to iteration 2') == 1, \
+        job.output
+    with open(os.path.join(out, 'log')) as log_file:
+        log = json.load(log_file)
+    assert [entry['iteration'] for entry in log] == [1, 2]
+    assert os.path.isfile(os.path.join(out, 'snapshot_iter_2'))
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_train_under_two_ranks_resumes_exactly(mpiexec, tmp_path):
+    # Rank 0's snapshot holds the state of every rank: the same weights and
+    # optimizer state, and iterators over equal shards in the same order.
+    import numpy
+    common = TINY_MODEL + ['--iterations', '4', '--train-length', '6',
+                           '--updater', 'cgdp']
+    whole, resumed = str(tmp_path / 'whole'), str(tmp_path / 'resumed')
+    job = run_mpi_module('experiments.train', *common,
+                         '--snapshot-every', '2', '--out', whole)
+    assert job.returncode == 0, job.output
+    job = run_mpi_module('experiments.train', *common, '--resume',
+                         os.path.join(whole, 'snapshot_iter_2'),
+                         '--out', resumed)
+    assert job.returncode == 0, job.output
+    with numpy.load(os.path.join(whole, 'snapshot_iter_4')) as expected, \
+            numpy.load(os.path.join(resumed, 'snapshot_iter_4')) as actual:
+        keys = [key for key in expected.files if key.startswith('updater/')]
+        assert keys and sorted(keys) == sorted(
+            key for key in actual.files if key.startswith('updater/'))
+        for key in keys:
+            numpy.testing.assert_array_equal(actual[key], expected[key],
+                                             err_msg=key)
+
+
+@pytest.mark.mpi
+def test_train_under_two_ranks_refuses_an_updater_without_mpi(mpiexec,
+                                                             tmp_path):
+    job = run_mpi_module('experiments.train', *TINY_TRAIN,
+                         '--updater', 'standard', '--out', str(tmp_path))
+    assert job.returncode == 2, job.output
+    assert 'error: --updater standard does not communicate across MPI ' \
+        'ranks' in job.output
+    assert 'Traceback' not in job.output
+
+
+def test_chainermn_without_mpiexec_is_exit_2(tmp_path):
+    completed = subprocess.run(
+        [sys.executable, '-m', 'experiments.train', *TINY_TRAIN,
+         '--updater', 'chainermn', '--out', str(tmp_path)],
+        cwd=REPO_ROOT, env=plain_environment(), capture_output=True,
+        text=True, timeout=120)
+    assert completed.returncode == 2, completed.stderr
+    assert completed.stderr.strip().splitlines() == [
+        'error: --updater chainermn runs one process per device and needs '
+        'an MPI launch: mpiexec -n R python -m experiments.train --updater '
+        'chainermn ...'], completed.stderr
+
+
+SMALL_MPI_EXPERIMENT = ['--net', 'alexnet', '--devices', '1', '--warmup', '1',
+                        '--image-size', '64', '--batch', '2', '--classes', '4']
+
+
+def only_run_folder(out):
+    entries = os.listdir(os.path.join(out, 'alexnet'))
+    assert len(entries) == 1, entries
+    return os.path.join(out, 'alexnet', entries[0])
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_weak_scaling_under_two_ranks_writes_multi_rank_rows(mpiexec,
+                                                            tmp_path):
+    out = str(tmp_path)
+    job = run_mpi_module('experiments.weak_scaling', *SMALL_MPI_EXPERIMENT,
+                         '--iterations', '2', '--out', out)
+    assert job.returncode == 0, job.output
+    assert 'single-process rows (typical, nccl) are not measured under ' \
+        'MPI' in job.output
+    folder = only_run_folder(out)
+    runs = results.read_csv(os.path.join(folder, results.RUNS_FILE))
+    assert sorted((r['mode'], r['n_devices'], r['n_ranks'], r['iteration'])
+                  for r in runs) == [
+        ('cgdp', 1, 2, 0), ('cgdp', 1, 2, 1),
+        ('chainermn', 1, 2, 0), ('chainermn', 1, 2, 1)]
+    summary = {r['mode']: r for r in results.read_csv(
+        os.path.join(folder, results.SUMMARY_FILE))}
+    assert sorted(summary) == ['cgdp', 'chainermn']
+    for row in summary.values():
+        assert row['n_ranks'] == 2 and row['n_devices'] == 1
+        # 2 ranks x 1 device x batch 2 per iteration.
+        assert row['throughput'] == pytest.approx(4 / row['median_s'])
+        # No 1-rank x 1-device row in an MPI run of 2 ranks.
+        assert row['efficiency'] is None
+    assert summary['cgdp']['speedup_vs_typical'] == pytest.approx(
+        summary['chainermn']['median_s'] / summary['cgdp']['median_s'])
+    env = results.read_json(os.path.join(folder, results.ENV_FILE))
+    assert env['n_ranks'] == 2 and env['mpi']['ranks'] == 2
+    assert env['modes'] == ['cgdp', 'chainermn'] and env['finished']
+    # Rank 0 alone prints the table.
+    assert job.output.count('\nmode ') == 1, job.output
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_weak_scaling_under_two_ranks_ends_on_ctrl_c(mpiexec, tmp_path):
+    out = str(tmp_path)
+    process = start_job(mpiexec_module_command(
+        N_RANKS, 'experiments.weak_scaling', *SMALL_MPI_EXPERIMENT,
+        '--modes', 'cgdp', '--iterations', '500', '--out', out))
+    try:
+        deadline = time.monotonic() + JOB_TIMEOUT
+        runs_path = None
+        while time.monotonic() < deadline:
+            if runs_path is None and os.path.isdir(
+                    os.path.join(out, 'alexnet')):
+                runs_path = os.path.join(only_run_folder(out),
+                                         results.RUNS_FILE)
+            if runs_path and os.path.exists(runs_path):
+                with open(runs_path) as f:
+                    if len(f.readlines()) >= 3:  # header + 2 rows
+                        break
+            assert process.poll() is None, process.communicate()[0]
+            time.sleep(0.2)
+        process.send_signal(signal.SIGINT)  # mpiexec forwards it
+        output, _ = process.communicate(timeout=JOB_TIMEOUT)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 130, output
+    assert 'interrupted: kept the iterations that finished' in output
+    folder = os.path.dirname(runs_path)
+    summary = results.read_csv(os.path.join(folder, results.SUMMARY_FILE))
+    assert [(r['mode'], r['n_ranks']) for r in summary] == [('cgdp', 2)]
+    env = results.read_json(os.path.join(folder, results.ENV_FILE))
+    assert env['interrupted'] is True and env['finished'] is False

@@ -274,6 +274,35 @@ def test_summary_efficiency_and_speedup():
         'typical'] * 3 + ['cgdp'] * 3 + ['nccl']
 
 
+def test_summary_of_multi_rank_rows():
+    def rows(mode, n_devices, n_ranks, median):
+        return [results.run_row(mode, n_devices, 4, 64, i, median * f,
+                                n_ranks=n_ranks)
+                for i, f in enumerate((0.9, 1.0, 1.2))]
+    # What an MPI run of 2 ranks measures: no 1-rank x 1-device row.
+    runs = (rows('cgdp', 1, 2, 1.0) + rows('cgdp', 2, 2, 1.6)
+            + rows('chainermn', 1, 2, 1.5))
+    summary = {(r['mode'], r['n_devices']): r
+               for r in results.summarize(runs)}
+    assert summary['cgdp', 2]['throughput'] == pytest.approx(4 * 4 / 1.6)
+    assert all(r['efficiency'] is None for r in summary.values())
+    # Multi-rank CGDP is compared with ChainerMN at the same R and replicas.
+    assert summary['cgdp', 1]['speedup_vs_typical'] == pytest.approx(1.5)
+    assert summary['cgdp', 2]['speedup_vs_typical'] is None
+    notes = results.summary_notes(list(summary.values()))
+    assert any('empty for cgdp, chainermn' in note for note in notes)
+    # With the same mode at 1 rank x 1 device (RANKS=1, or runs merged):
+    # throughput / (R x N x that throughput); typical is not used for them.
+    runs += rows('cgdp', 1, 1, 0.5) + rows('typical', 1, 1, 0.25)
+    summary = {(r['mode'], r['n_devices'], r['n_ranks']): r
+               for r in results.summarize(runs)}
+    assert summary['cgdp', 2, 2]['efficiency'] == pytest.approx(
+        (16 / 1.6) / (4 * 4 / 0.5))
+    assert summary['chainermn', 1, 2]['efficiency'] is None
+    assert summary['cgdp', 1, 1]['efficiency'] == pytest.approx(1.0)
+    assert results.summary_notes([summary['cgdp', 1, 1]]) == []
+
+
 def test_csv_round_trip_keeps_values(tmp_path):
     path = str(tmp_path / 'summary.csv')
     row = {'mode': 'cgdp', 'n_devices': 2, 'n_ranks': 1,
