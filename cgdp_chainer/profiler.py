@@ -1,0 +1,621 @@
+"""Measures what the cost model needs about a network on a device.
+
+A profile (saved as JSON by ``python -m experiments.profile``) holds:
+
+- per stage: forward and backward seconds (median of ``R`` repetitions after
+  a warm-up; the loss belongs to the last stage), net of the fixed cost of a
+  chunk; on ``'@numpy'`` also with one BLAS thread (for core sharing between
+  replicas); parameter bytes and array counts;
+- ``chunk_overhead``: the fixed cost of one more chunk (measured on a tiny
+  staged network, see :func:`measure_chunk_overhead`); ``whole``: one pass
+  of the whole model as a single chunk;
+- ``copy``: device-to-host and host-to-device bandwidth (on ``'@numpy'``:
+  memcpy bandwidth) and the latency of a small copy;
+- ``host``: the host accumulator's costs over the model's parameter arrays,
+  each as ``per_array_s`` + ``per_byte_s``: the reduction of two slots into
+  their mean, each further slot, a MomentumSGD update rule call, and
+  ``ParallelUpdater``'s ``addgrads`` and ``copyparams`` per replica;
+- on GPUs, ``device_update_s``: MomentumSGD on the device.
+
+:func:`profile_model` and :func:`profile_replica` do the measuring for
+callers (the updater's ``chunk_size='model'`` uses the latter).
+"""
+import json
+import os
+import statistics
+import time
+
+import chainer
+import numpy
+
+from cgdp_chainer import chunking
+from cgdp_chainer import devices as devices_module
+from cgdp_chainer import flops
+from cgdp_chainer import hardware as hardware_module
+
+PROFILE_VERSION = 1
+DEFAULT_REPS = 3
+# Size of the copies that measure bandwidth: large enough to leave the
+# caches, small enough for a busy machine.
+COPY_BYTES = 64 * 2 ** 20
+
+
+def _synchronizer(device):
+    if devices_module.is_gpu(device):
+        return device.device.synchronize
+    return lambda: None
+
+
+def _median_times(function, reps, sync):
+    """Median seconds of ``function()`` over ``reps`` runs after a warm-up.
+    """
+    function()
+    sync()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        function()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _head_for(target, loss_func):
+    """The loss head of a staged target; a plain network gets the
+    project's classifier head (with auxiliary losses)."""
+    try:
+        return chunking.find_head(target, loss_func)
+    except ValueError:
+        import models
+        return models.Classifier(target).head
+
+
+def _stage_pass_times(stages, chunks, head, x, labels, sync):
+    """Seconds of each chunk's forward and backward in one pass.
+
+    Returns:
+        tuple of list: ``(forward per chunk, backward per chunk)``; the loss
+        counts with the last chunk.
+    """
+    chunked = chunking.ChunkedPass(stages, chunks, head)
+    n = len(chunks)
+    forward = [0.0] * n
+    backward = [0.0] * n
+    carry = x
+    with chainer.using_config('train', True), \
+            chainer.using_config('enable_backprop', True):
+        for c in range(n):
+            sync()
+            start = time.perf_counter()
+            carry = chunked.forward_chunk(c, carry)
+            if c == n - 1:
+                chunked.forward_head(labels)
+            sync()
+            forward[c] = time.perf_counter() - start
+        for c in range(n - 1, -1, -1):
+            sync()
+            start = time.perf_counter()
+            chunked.backward_chunk(c)
+            sync()
+            backward[c] = time.perf_counter() - start
+    return forward, backward
+
+
+STATISTICS = {'median': statistics.median, 'min': min}
+
+
+def _median_passes(target, configs, x, labels, sync, reps,
+                   statistic='median'):
+    """Per-chunk medians (or minima) of several pass configurations,
+    interleaved.
+
+    Each repetition runs every configuration once, so a change of the
+    machine's load during the measurement touches all of them alike.
+
+    Args:
+        configs (list): ``(stages, chunks, head, threads or None)`` each.
+
+    Returns:
+        list of tuple: ``(forward medians, backward medians)`` per config.
+    """
+    samples = [([], []) for _ in configs]
+    for rep in range(reps + 1):
+        for (stages, chunks, head, threads), (fwd, bwd) in zip(configs,
+                                                               samples):
+            target.cleargrads()
+            limit = _blas_limit(threads) if threads else _NullContext()
+            with limit:
+                forward, backward = _stage_pass_times(stages, chunks, head,
+                                                      x, labels, sync)
+            if rep > 0:  # the first repetition warms up
+                fwd.append(forward)
+                bwd.append(backward)
+    target.cleargrads()
+    summary = STATISTICS[statistic]
+    return [([summary(c) for c in zip(*fwd)],
+             [summary(c) for c in zip(*bwd)])
+            for fwd, bwd in samples]
+
+
+def measure_chunk_overhead(reps=20, n_stages=16):
+    """The fixed cost of one more chunk in the runtime's chunked pass.
+
+    Times a tiny staged network (``n_stages`` small linear layers) as one
+    chunk per stage and as a single chunk; the difference per extra chunk is
+    the cost of cutting the graph, one more backward call and its
+    bookkeeping, without the noise of a large network's compute.
+
+    Returns:
+        dict: ``forward_s`` and ``backward_s`` per extra chunk.
+    """
+    import chainer.functions as F
+    import chainer.links as L
+
+    class _Tiny(chainer.ChainList):
+        def __init__(self):
+            super(_Tiny, self).__init__(*[L.Linear(8, 8)
+                                          for _ in range(n_stages)])
+
+        @property
+        def stages(self):
+            return list(self)
+
+    tiny = _Tiny()
+    x = numpy.ones((2, 8), dtype=numpy.float32)
+    t = numpy.zeros(2, dtype=numpy.int32)
+
+    def head(y, labels):
+        return F.softmax_cross_entropy(y, labels)
+    stages = tiny.stages
+    split = [(i, i + 1) for i in range(n_stages)]
+    (f_split, b_split), (f_one, b_one) = _median_passes(
+        tiny, [(stages, split, head, None), (stages, [(0, n_stages)], head,
+                                             None)],
+        x, (t,), lambda: None, reps)
+    extra = n_stages - 1
+    return {'forward_s': max(0.0, (sum(f_split) - f_one[0]) / extra),
+            'backward_s': max(0.0, (sum(b_split) - b_one[0]) / extra)}
+
+
+def _blas_limit(threads):
+    """A context that limits BLAS threads (a no-op without threadpoolctl)."""
+    try:
+        import threadpoolctl
+    except ImportError:  # pragma: no cover - installed by the set-up
+        return _NullContext()
+    return threadpoolctl.threadpool_limits(limits=threads, user_api='blas')
+
+
+class _NullContext(object):
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def measure_stages(target, device, in_arrays, loss_func=None,
+                   reps=DEFAULT_REPS, one_thread=None, statistic='median'):
+    """Per-stage forward and backward seconds of a staged target.
+
+    Args:
+        target (chainer.Link): A staged network or a classifier around one,
+            on ``device``, with initialised parameters.
+        device (chainer.backend.Device): Its device.
+        in_arrays (tuple): ``(x, labels...)`` on ``device``.
+        loss_func (callable or None): ``loss_func(y, *labels)``.
+        reps (int): Timed repetitions (median).
+        one_thread (bool or None): Also time with one BLAS thread; default:
+            on CPU devices.
+        statistic (str): ``'median'`` of the repetitions, or ``'min'``
+            (the least disturbed by other processes on a shared machine).
+
+    Returns:
+        dict: ``stages`` (list of dicts), ``chunk_overhead`` and ``whole``.
+    """
+    stages = chunking.find_stages(target)
+    if stages is None:
+        raise ValueError('{} has no stages (see docs/INTERFACES.md)'.format(
+            type(target).__name__))
+    head = _head_for(target, loss_func)
+    sync = _synchronizer(device)
+    x, labels = in_arrays[0], tuple(in_arrays[1:])
+    n = len(stages)
+    per_stage = [(i, i + 1) for i in range(n)]
+    if one_thread is None:
+        one_thread = not devices_module.is_gpu(device)
+    configs = [(stages, per_stage, head, None),
+               (stages, [(0, n)], head, None)]
+    if one_thread:
+        configs.append((stages, per_stage, head, 1))
+    measured = _median_passes(target, configs, x, labels, sync, reps,
+                              statistic)
+    (forward, backward), (whole_f, whole_b) = measured[:2]
+    forward_1t, backward_1t = measured[2] if one_thread else (None, None)
+    overhead = measure_chunk_overhead()
+    overhead_f, overhead_b = overhead['forward_s'], overhead['backward_s']
+    params = flops.stage_param_stats(target, stages)
+    records = []
+    for i, stage in enumerate(stages):
+        record = {
+            'index': i,
+            'name': _stage_name(stage, i),
+            'forward_s': max(0.0, forward[i] - overhead_f),
+            'backward_s': max(0.0, backward[i] - overhead_b),
+            'param_bytes': params[i]['param_bytes'],
+            'param_arrays': params[i]['param_arrays'],
+        }
+        if one_thread:
+            record['forward_1t_s'] = max(0.0, forward_1t[i] - overhead_f)
+            record['backward_1t_s'] = max(0.0, backward_1t[i] - overhead_b)
+        records.append(record)
+    return {'stages': records,
+            'chunk_overhead': {'forward_s': overhead_f,
+                               'backward_s': overhead_b},
+            'whole': {'forward_s': whole_f[0], 'backward_s': whole_b[0]}}
+
+
+def _stage_name(stage, index):
+    return flops.stage_name(stage, index)
+
+
+def measure_copies(device, n_bytes=COPY_BYTES, reps=DEFAULT_REPS):
+    """Copy bandwidth between ``device`` and the host, and copy latency.
+
+    On ``'@numpy'`` both directions are a memcpy in host memory. On GPUs the
+    host side is pinned memory, as the runtime uses.
+
+    Returns:
+        dict: ``d2h_bytes_per_s``, ``h2d_bytes_per_s``, ``latency_s``,
+        ``memory_bytes_per_s`` (host memory traffic of a memcpy, read plus
+        write) and, on GPUs, ``device_bytes_per_s``.
+    """
+    count = max(1, n_bytes // 4)
+    host_a = numpy.ones(count, dtype=numpy.float32)
+    host_b = numpy.empty_like(host_a)
+    memcpy = _median_times(lambda: numpy.copyto(host_b, host_a), reps,
+                           lambda: None)
+    tiny_a = numpy.ones(1, dtype=numpy.float32)
+    tiny_b = numpy.empty_like(tiny_a)
+    result = {'memory_bytes_per_s': 2.0 * host_a.nbytes / memcpy}
+    if not devices_module.is_gpu(device):
+        latency = _median_times(lambda: numpy.copyto(tiny_b, tiny_a),
+                                max(reps, 20), lambda: None)
+        result.update({'d2h_bytes_per_s': host_a.nbytes / memcpy,
+                       'h2d_bytes_per_s': host_a.nbytes / memcpy,
+                       'latency_s': latency})
+        return result
+    import cupy
+    import cupyx
+    sync = _synchronizer(device)
+    with cupy.cuda.Device(device.device.id):
+        pinned = cupyx.empty_pinned((count,), numpy.float32)
+        pinned[...] = 1
+        on_device = cupy.ones(count, dtype=numpy.float32)
+        other = cupy.empty_like(on_device)
+        d2h = _median_times(lambda: on_device.get(out=pinned), reps, sync)
+        h2d = _median_times(lambda: on_device.set(pinned), reps, sync)
+        d2d = _median_times(lambda: cupy.copyto(other, on_device), reps,
+                            sync)
+        tiny_pinned = cupyx.empty_pinned((1,), numpy.float32)
+        tiny_device = cupy.ones(1, dtype=numpy.float32)
+        latency = _median_times(lambda: tiny_device.get(out=tiny_pinned),
+                                max(reps, 20), sync)
+    result.update({'d2h_bytes_per_s': pinned.nbytes / d2h,
+                   'h2d_bytes_per_s': pinned.nbytes / h2d,
+                   'device_bytes_per_s': 2.0 * pinned.nbytes / d2d,
+                   'latency_s': latency})
+    return result
+
+
+def _time_over(arrays_per_name, body, reps):
+    """Median seconds of ``body(i)`` for every parameter ``i``."""
+    def run():
+        for i in range(len(arrays_per_name)):
+            body(i)
+    return _median_times(run, reps, lambda: None)
+
+
+# Arrays larger than this are measured on their first this-many elements:
+# the cost per byte is the same, and VGG-16's 400 MB layer would otherwise
+# need gigabytes of scratch memory.
+MAX_MEASURED_ELEMENTS = 1 << 24
+
+
+def _host_op_costs(shapes, dtypes, reps):
+    """Seconds of each host operation over arrays of ``shapes``."""
+    from cgdp_chainer import accumulator
+    xp = numpy
+    master = [chainer.Parameter(xp.full(s, 0.5, dtype=d))
+              for s, d in zip(shapes, dtypes)]
+    for p in master:
+        p.grad = xp.zeros_like(p.array)
+    slots = [[xp.full(s, 0.25 / (k + 1), dtype=d)
+              for s, d in zip(shapes, dtypes)] for k in range(3)]
+    other = [chainer.Parameter(a) for a in slots[0]]
+    for p, g in zip(other, slots[1]):
+        p.grad = g
+    rule_cls = chainer.optimizers.momentum_sgd.MomentumSGDRule
+    for p in master:
+        p.update_rule = rule_cls(lr=1e-6, momentum=0.9)
+        p.update_rule.update(p)  # allocates the velocity once
+    bodies = {
+        # The accumulator's reduction (its own function) of two and of
+        # three slots into the mean: one device lends its slot instead.
+        'reduce2': lambda i: accumulator.reduce_sum(
+            master[i].grad, [slots[0][i], slots[1][i]], 0.5),
+        'reduce3': lambda i: accumulator.reduce_sum(
+            master[i].grad, [slots[0][i], slots[1][i], slots[2][i]],
+            1.0 / 3),
+        'update': lambda i: master[i].update(),
+        # What ParallelUpdater does per replica.
+        'addgrads': lambda i: master[i].addgrad(other[i]),
+        'copyparams': lambda i: other[i].copydata(master[i]),
+    }
+    return {name: _time_over(master, body, reps)
+            for name, body in bodies.items()}
+
+
+def measure_host_ops(target, reps=DEFAULT_REPS):
+    """The host accumulator's and ``ParallelUpdater``'s costs on CPU.
+
+    Each operation is timed over arrays of the target's parameter shapes
+    (the largest cut to :data:`MAX_MEASURED_ELEMENTS` elements) and over as
+    many one-element arrays; the second gives the fixed cost per array, the
+    difference the cost per byte.
+
+    Args:
+        target (chainer.Link): The model (any device; only shapes are used).
+        reps (int): Timed repetitions (median).
+
+    Returns:
+        dict: Operation -> ``{'per_array_s', 'per_byte_s'}``: ``reduce2``
+        (the mean of two slots), ``reduce_slot`` (each further slot),
+        ``update`` (a MomentumSGD update rule call), ``addgrads`` and
+        ``copyparams``.
+    """
+    params = [p for p in target.params() if p.array is not None]
+    shapes = [p.array.shape if p.array.size <= MAX_MEASURED_ELEMENTS
+              else (MAX_MEASURED_ELEMENTS,) for p in params]
+    dtypes = [numpy.dtype(p.array.dtype) for p in params]
+    n_bytes = sum(int(numpy.prod(s)) * d.itemsize
+                  for s, d in zip(shapes, dtypes))
+    arrays = max(1, len(shapes))
+    full = _host_op_costs(shapes, dtypes, reps)
+    tiny = _host_op_costs([(1,)] * len(shapes), dtypes, reps)
+    costs = {}
+    for name in full:
+        per_array = tiny[name] / arrays
+        per_byte = max(0.0, full[name] - tiny[name]) / max(1, n_bytes)
+        costs[name] = {'per_array_s': per_array, 'per_byte_s': per_byte}
+    three = costs.pop('reduce3')
+    costs['reduce_slot'] = {
+        key: max(0.0, three[key] - costs['reduce2'][key])
+        for key in ('per_array_s', 'per_byte_s')}
+    return costs
+
+
+def measure_device_update(target, device, reps=DEFAULT_REPS):
+    """Seconds of MomentumSGD over the target's parameters on a GPU."""
+    xp = device.xp
+    params = []
+    rule_cls = chainer.optimizers.momentum_sgd.MomentumSGDRule
+    for p in target.params():
+        if p.array is None:
+            continue
+        param = chainer.Parameter(xp.array(p.array, copy=True))
+        param.grad = xp.zeros_like(param.array)
+        param.update_rule = rule_cls(lr=1e-6, momentum=0.9)
+        params.append(param)
+
+    def run():
+        for param in params:
+            param.update()
+    return _median_times(run, reps, _synchronizer(device))
+
+
+def measure_effective_cores(seconds=0.3):
+    """How many cores' worth of compute this process gets right now.
+
+    Runs the same single-threaded matrix products alone and then in one
+    thread per core at once: with the machine to itself, ``k`` threads
+    finish in the time of one; other processes on the cores stretch that.
+    ``effective = k x time alone / time together`` (at most ``k``).
+
+    Args:
+        seconds (float): About how long the run alone should take.
+
+    Returns:
+        float: Effective cores, between 1/k-ish and ``k``.
+    """
+    import threading
+    cores = hardware_module.available_cores()
+    a = numpy.random.RandomState(0).rand(192, 192).astype(numpy.float32)
+    with _blas_limit(1):
+        start = time.perf_counter()
+        numpy.dot(a, a)
+        once = max(1e-6, time.perf_counter() - start)
+        repeats = max(3, int(seconds / once))
+
+        def work():
+            for _ in range(repeats):
+                numpy.dot(a, a)
+        start = time.perf_counter()
+        work()
+        alone = time.perf_counter() - start
+        threads = [threading.Thread(target=work) for _ in range(cores)]
+        start = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        together = time.perf_counter() - start
+    return min(float(cores), cores * alone / together)
+
+
+def machine_info(device):
+    """What the profile records about the machine."""
+    info = {'cores': hardware_module.available_cores(),
+            'cpu_count': os.cpu_count(),
+            'effective_cores': measure_effective_cores(),
+            'load_average': list(os.getloadavg())
+            if hasattr(os, 'getloadavg') else None}
+    try:
+        import threadpoolctl
+        info['blas'] = [{'api': i.get('internal_api'),
+                         'threads': i.get('num_threads')}
+                        for i in threadpoolctl.threadpool_info()]
+    except ImportError:  # pragma: no cover
+        pass
+    if devices_module.is_gpu(device):
+        info['gpus'] = devices_module.gpu_count()
+        info['gpu'] = devices_module.describe(device)
+    return info
+
+
+def profile_replica(target, device, in_arrays, loss_func=None,
+                    host_threads=None, reps=DEFAULT_REPS, statistic='median'):
+    """Profiles a staged model already on its device, on a given batch.
+
+    The target's persistent values (BatchNormalization statistics) and
+    NumPy's global random state are restored afterwards, and its gradients
+    cleared, so training is left as it was.
+
+    Args:
+        target (chainer.Link): Staged network or classifier on ``device``.
+        device (chainer.backend.Device): Its device.
+        in_arrays (tuple): ``(x, labels...)`` on ``device``.
+        loss_func (callable or None): ``loss_func(y, *labels)``.
+        host_threads (int or None): The accumulator's threads (default: as
+            the runtime, CPU count up to 4).
+        reps (int): Timed repetitions.
+        statistic (str): ``'median'`` or ``'min'`` of the repetitions of
+            the stage times.
+
+    Returns:
+        dict: The profile (see the module docstring).
+    """
+    if not isinstance(in_arrays, tuple):
+        in_arrays = (in_arrays,)
+    saved_persistents = _save_persistents(target)
+    saved_random = numpy.random.get_state()
+    try:
+        stages = measure_stages(target, device, in_arrays,
+                                loss_func=loss_func, reps=reps,
+                                statistic=statistic)
+        # FLOPs per image, so the profile also serves the presets without
+        # measured times; counting runs the stages in training mode too.
+        costs = flops.stage_costs(target, x=in_arrays[0][:1])
+        for stage, cost in zip(stages['stages'], costs):
+            stage['forward_flops'] = cost['forward_flops']
+            stage['backward_flops'] = cost['backward_flops']
+    finally:
+        _restore_persistents(target, saved_persistents)
+        numpy.random.set_state(saved_random)
+        target.cleargrads()
+    if host_threads is None:
+        host_threads = max(1, min(4, os.cpu_count() or 1))
+    spec = '@numpy' if not devices_module.is_gpu(device) else \
+        '@cupy:{}'.format(device.device.id)
+    profile = {
+        'version': PROFILE_VERSION,
+        'device': spec,
+        'hardware': 'this-cpu' if spec == '@numpy' else 'this-gpu',
+        'batch': int(in_arrays[0].shape[0]),
+        'image_size': int(in_arrays[0].shape[-1]) if
+        in_arrays[0].ndim == 4 else None,
+        'reps': reps,
+        'statistic': statistic,
+        'stages': stages['stages'],
+        'chunk_overhead': stages['chunk_overhead'],
+        'whole': stages['whole'],
+        'copy': measure_copies(device, reps=reps),
+        'host': {'threads': host_threads,
+                 'ops': measure_host_ops(target, reps=reps)},
+        'machine': machine_info(device),
+    }
+    if devices_module.is_gpu(device):
+        profile['device_update_s'] = measure_device_update(target, device,
+                                                           reps=reps)
+    seconds = sum(s['forward_s'] + s['backward_s']
+                  for s in profile['stages'])
+    work = profile['batch'] * sum(s['forward_flops'] + s['backward_flops']
+                                  for s in profile['stages'])
+    if seconds > 0:
+        # FLOP/s on the counted layers, as a comparison with the presets.
+        profile['machine']['achieved_flops'] = work / seconds
+    return profile
+
+
+def _save_persistents(target):
+    saved = []
+    for _, link in target.namedlinks():
+        for name in link._persistent:
+            value = link.__dict__[name]
+            saved.append((link, name, value.copy() if hasattr(
+                value, 'copy') else value))
+    return saved
+
+
+def _restore_persistents(target, saved):
+    for link, name, value in saved:
+        current = link.__dict__[name]
+        if hasattr(current, 'shape') and hasattr(value, 'shape') and \
+                current.shape == value.shape:
+            current[...] = value
+        else:
+            setattr(link, name, value)
+
+
+def synthetic_inputs(device, batch, image_size, n_classes=1000, seed=0):
+    """Random images and labels on ``device`` for profiling."""
+    rng = numpy.random.RandomState(seed)
+    x = rng.uniform(-1, 1, (batch, 3, image_size, image_size)).astype(
+        numpy.float32)
+    t = rng.randint(0, n_classes, batch).astype(numpy.int32)
+    return device.send(x), device.send(t)
+
+
+def profile_model(model, device, batch, image_size, reps=DEFAULT_REPS,
+                  n_classes=None, host_threads=None, statistic='median'):
+    """Profiles a staged model at a batch size and image size.
+
+    Args:
+        model (chainer.Link): A staged network (``stages``) or a classifier
+            around one; it is moved to ``device``.
+        device (str or chainer.backend.Device): ``'@numpy'`` or
+            ``'@cupy:N'``.
+        batch (int): Images per pass.
+        image_size (int): Image side in pixels.
+        reps (int): Timed repetitions.
+        n_classes (int or None): Label range (default 1000, or the
+            predictor's output size when it has ``n_classes``).
+        host_threads (int or None): Host accumulator threads to record.
+        statistic (str): ``'median'`` or ``'min'`` of the repetitions.
+
+    Returns:
+        dict: The profile.
+    """
+    if isinstance(device, str):
+        device = devices_module.parse_device(device)
+    if batch < 1 or image_size < 1:
+        raise ValueError('batch and image_size must be >= 1, got {} and '
+                         '{}'.format(batch, image_size))
+    model.to_device(device)
+    if n_classes is None:
+        predictor = getattr(model, 'predictor', model)
+        n_classes = int(getattr(predictor, 'n_classes', 1000))
+    in_arrays = synthetic_inputs(device, batch, image_size, n_classes)
+    profile = profile_replica(model, device, in_arrays, reps=reps,
+                              host_threads=host_threads, statistic=statistic)
+    profile['image_size'] = image_size
+    return profile
+
+
+def save_profile(profile, path):
+    """Writes a profile as JSON (creating the folder)."""
+    directory = os.path.dirname(path)
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+    with open(path, 'w') as f:
+        json.dump(profile, f, indent=1)
