@@ -17,6 +17,24 @@ device (weak scaling):
   it; the new weights are copied back (h2d); a chunk's next forward waits for
   its own copy. Only the last (input-side) chunk's sync is exposed.
 
+Across ``R`` nodes of ``N`` devices each (one process per node, nodes joined
+by a :class:`~cgdp_chainer.hardware.Network`):
+
+* **ChainerMN** (the baseline, :func:`simulate_chainermn`): the typical
+  scheme's backward and local sum, then a ring all-reduce of all gradients
+  across the nodes on the network, then the update and broadcast within the
+  node (a hierarchical all-reduce);
+* **multi-node CGDP** (``simulate_cgdp(..., n_nodes=R)``): per chunk, d2h,
+  the local reduce on the host, a ring all-reduce of the chunk across the
+  nodes on the node's network port (one at a time, in chunk order, while
+  the backward of the chunks nearer the input still runs), the update on
+  the host, h2d.
+
+With ``R = 1`` both are exactly the single-node models; a ring all-reduce of
+``n`` bytes takes ``2 (R - 1) / R x n / bandwidth + 2 (R - 1) x latency``
+(:func:`ring_allreduce_seconds`). :func:`predict_multinode` gives both at
+one point.
+
 Each is computed twice:
 
 * as a **closed form** (:func:`typical_closed_form`,
@@ -70,7 +88,18 @@ LEFT_OUT = (
     'device counts beyond a preset\'s physical devices extrapolate with more '
     'sockets of the same shape;',
     'the closed forms leave out host-memory sharing between copies, host '
-    'threads and CPU replicas (the simulation includes it).',
+    'threads and CPU replicas (the simulation includes it);',
+    'multi-node: nodes are alike and the switch does not block (one node is '
+    'modelled); the all-reduce is a ring at the port\'s data rate (no '
+    'protocol loss, no tree or in-network reduction), without a per-call '
+    'software cost (mpi4py, the communication thread\'s polling), without '
+    'the host-memory traffic of MPI\'s own sums, and without sharing the '
+    'PCIe/NVLink host links with the NIC; CGDP\'s host threads are free '
+    'during a chunk\'s all-reduce (the runtime\'s pool thread waits for it, '
+    'which matters only when all pool threads wait); the ChainerMN '
+    'baseline\'s local sum and spread are the typical scheme\'s copies to '
+    'and from device 0 (NCCL\'s ring within a node is faster with more than '
+    'two devices).',
 )
 
 TYPICAL = 'typical'
@@ -92,6 +121,40 @@ def check_n_devices(n_devices):
             or n_devices < 1:
         raise ValueError('n_devices must be an integer >= 1 (N = 1, 2, 4, '
                          '...), got {!r}'.format(n_devices))
+
+
+def check_n_nodes(n_nodes):
+    """Checks a node count.
+
+    Raises:
+        ValueError: ``n_nodes`` is not an integer >= 1.
+    """
+    if isinstance(n_nodes, bool) or not isinstance(n_nodes, int) \
+            or n_nodes < 1:
+        raise ValueError('n_nodes must be an integer >= 1 (R = 1, 2, 4, '
+                         '...), got {!r}'.format(n_nodes))
+
+
+def resolve_network(network, n_nodes):
+    """The network of a multi-node prediction, checked.
+
+    Args:
+        network (str, Network or None): A preset name (``'ib-edr'``,
+            ``'ib-hdr'``) or a :class:`~cgdp_chainer.hardware.Network`;
+            ``None`` means :data:`cgdp_chainer.hardware.DEFAULT_NETWORK`.
+        n_nodes (int): Nodes (checked too).
+
+    Returns:
+        Network: The network (also for one node, where it is not used).
+
+    Raises:
+        ValueError: ``n_nodes`` is not an integer >= 1, the name is unknown
+            or the network has an impossible bandwidth or latency.
+    """
+    check_n_nodes(n_nodes)
+    if network is None:
+        network = hardware_module.DEFAULT_NETWORK
+    return hardware_module.get_network(network)
 
 
 def check_batch(batch):
@@ -360,6 +423,78 @@ def host_traffic_bytes(n_devices, n_bytes):
     return n_bytes * (reduction + 5)
 
 
+def ring_allreduce_seconds(n_bytes, n_nodes, network):
+    """Seconds of a ring all-reduce of ``n_bytes`` across ``n_nodes`` nodes.
+
+    Reduce-scatter then all-gather, ``2 (R - 1)`` steps, each moving
+    ``n_bytes / R`` to the next node while receiving as much from the
+    previous one (full duplex): ``2 (R - 1) / R x n_bytes / bandwidth +
+    2 (R - 1) x latency``. Zero for one node or no bytes (the runtime skips
+    the call then).
+
+    Args:
+        n_bytes (int): Bytes of every node's buffer.
+        n_nodes (int): Nodes ``R``.
+        network (Network): The network.
+
+    Returns:
+        float: Seconds.
+    """
+    if n_nodes <= 1 or n_bytes <= 0:
+        return 0.0
+    steps = 2 * (n_nodes - 1)
+    return (steps / float(n_nodes) * n_bytes / network.bandwidth
+            + steps * network.latency_s)
+
+
+def host_traffic_parts(n_devices, n_bytes):
+    """Host memory traffic of a chunk's two host jobs in multi-node CGDP.
+
+    The reduce job reduces the slots (see :func:`host_traffic_bytes`) and
+    packs the sum into the all-reduce buffer (read + write); the update job
+    unpacks the result (read + write), scales it to the global mean (read +
+    write) and runs MomentumSGD (5).
+
+    Returns:
+        tuple: ``(reduce bytes, update bytes)``.
+    """
+    reduction = n_devices + 1 if n_devices > 1 else 0
+    return n_bytes * (reduction + 2), n_bytes * (5 + 2 + 2)
+
+
+def host_job_parts(workload, hardware, n_devices, arrays, n_bytes):
+    """Seconds of a chunk's two host jobs in multi-node CGDP.
+
+    Between them the chunk is all-reduced across the nodes on the
+    communication thread, and the host threads are free for other chunks.
+    The reduce job carries the fixed cost of a host job. With measured host
+    costs, packing, unpacking and scaling each cost one ``reduce_slot``
+    (a pass that reads one array and updates another).
+
+    Returns:
+        tuple: ``(reduce seconds, update seconds)``.
+    """
+    if workload.host_ops is not None:
+        ops = workload.host_ops
+        one_pass = _op_cost(ops, 'reduce_slot', arrays, n_bytes)
+        reduce_s = hardware.host_chunk_overhead_s + one_pass
+        if n_devices > 1:
+            reduce_s += (_op_cost(ops, 'reduce2', arrays, n_bytes)
+                         + (n_devices - 2) * _op_cost(ops, 'reduce_slot',
+                                                      arrays, n_bytes))
+        update_s = _op_cost(ops, 'update', arrays, n_bytes) + 2 * one_pass
+        return reduce_s, update_s
+    reduce_traffic, update_traffic = host_traffic_parts(n_devices, n_bytes)
+    rate = _host_rate(hardware)
+    reduce_calls = n_devices if n_devices > 1 else 0
+    op = hardware.host_op_overhead_s
+    reduce_s = (reduce_traffic / rate + arrays * (reduce_calls + 1) * op
+                + hardware.host_chunk_overhead_s)
+    update_s = (update_traffic / rate
+                + arrays * (hardware.host_update_overhead_s + 2 * op))
+    return reduce_s, update_s
+
+
 def _threads_per_server(hardware):
     return max(1, hardware.host_threads // hardware.host_servers)
 
@@ -564,8 +699,10 @@ class Task(object):
 
     Attributes:
         kind (str): forward, backward, d2h, reduce_update, h2d, gather,
-            add, update, broadcast (typical), addgrads, copyparams (CPU).
-        device (int or str): Replica index, or ``'host'``.
+            add, update, broadcast (typical), addgrads, copyparams (CPU);
+            multi-node: reduce, allreduce, update (CGDP), allreduce
+            (ChainerMN).
+        device (int or str): Replica index, ``'host'`` or ``'network'``.
         chunk (int or None): Chunk index (0 = input side).
         iteration (int): Iteration number.
         duration (float): Seconds of work at full speed.
@@ -884,22 +1021,30 @@ def _whole_model_times(workload, hardware, forward, backward):
     return chunk_forward[0], chunk_backward[0]
 
 
-def simulate_typical(workload, hardware, n_devices, iterations=2):
-    """Simulates ``ParallelUpdater`` iterations.
+def simulate_typical(workload, hardware, n_devices, iterations=2,
+                     n_nodes=1, network=None):
+    """Simulates ``ParallelUpdater`` iterations (and, with ``n_nodes > 1``,
+    the ChainerMN baseline; see :func:`simulate_chainermn`).
 
     Args:
         workload (Workload): Per-stage costs.
         hardware (Hardware): The machine.
-        n_devices (int): Replicas.
+        n_devices (int): Replicas (per node).
         iterations (int): Iterations to simulate (>= 1).
+        n_nodes (int): Nodes; above 1, the gradient sum on device 0 is
+            all-reduced across the nodes (a ring on the network) before the
+            update.
+        network (str, Network or None): See :func:`resolve_network`.
 
     Returns:
         SimulationResult: The timing.
     """
     _check_common(workload, hardware, n_devices)
+    network = resolve_network(network, n_nodes)
     caps = capacities(hardware, n_devices)
     sim = Simulation(caps)
     n_bytes, arrays = workload.total_bytes, workload.total_arrays
+    net_s = ring_allreduce_seconds(n_bytes, n_nodes, network)
     if hardware.kind == 'cpu':
         # One Python thread drives every replica: forwards, then backwards,
         # then addgrads, update and copyparams, one after another; BLAS has
@@ -920,6 +1065,9 @@ def simulate_typical(workload, hardware, n_devices, iterations=2):
                 last = sim.add('addgrads', i, None, it, _op_cost(
                     ops, 'addgrads', arrays, n_bytes), [last],
                     demands={'cores': 1.0})
+            if n_nodes > 1:
+                last = sim.add('allreduce', 'network', None, it, net_s,
+                               [last], exclusive='network')
             last = sim.add('update', 0, None, it, _op_cost(
                 ops, 'update', arrays, n_bytes), [last],
                 demands={'cores': 1.0})
@@ -951,6 +1099,13 @@ def simulate_typical(workload, hardware, n_devices, iterations=2):
             previous_copy = copy
             previous_add = sim.add('add', 0, None, it, add_s,
                                    [copy, previous_add])
+        if n_nodes > 1:
+            # The node's sum, all-reduced across the nodes; then every
+            # device of every node holds the global sum (the update on
+            # device 0 and the broadcast of the weights take as long as a
+            # broadcast of the sum and an update on every device).
+            previous_add = sim.add('allreduce', 'network', None, it, net_s,
+                                   [previous_add], exclusive='network')
         update = sim.add('update', 0, None, it, update_s, [previous_add])
         ready[0] = update
         previous = update
@@ -963,21 +1118,35 @@ def simulate_typical(workload, hardware, n_devices, iterations=2):
     return _iteration_result(sim.tasks, iterations, f_s + b_s)
 
 
-def simulate_cgdp(workload, hardware, n_devices, chunk_size, iterations=2):
+def simulate_cgdp(workload, hardware, n_devices, chunk_size, iterations=2,
+                  n_nodes=1, network=None):
     """Simulates CGDP iterations with the chunk pipeline.
+
+    With ``n_nodes > 1`` (multi-node CGDP, one rank per node) a chunk's host
+    work is two jobs: the local reduce (and packing), then, after the
+    chunk's ring all-reduce across the nodes on the node's ``network``
+    resource (one all-reduce at a time, in chunk order, as the runtime's
+    communication thread sends them by sequence number), the update. The
+    host threads are free for other chunks during the all-reduce. Nodes are
+    alike, so one node is simulated; the all-reduce's time
+    (:func:`ring_allreduce_seconds`) accounts for the others.
 
     Args:
         workload (Workload): Per-stage costs.
-        hardware (Hardware): The machine.
-        n_devices (int): Replicas.
+        hardware (Hardware): The machine (one node).
+        n_devices (int): Replicas (per node).
         chunk_size (int): Stages per chunk (grouped from the output end).
         iterations (int): Iterations to simulate (>= 1).
+        n_nodes (int): Nodes; 1 is the single-node model, unchanged.
+        network (str, Network or None): See :func:`resolve_network`.
 
     Returns:
         SimulationResult: The timing.
     """
     _check_common(workload, hardware, n_devices)
     check_chunk_size(chunk_size, workload.n_stages)
+    network = resolve_network(network, n_nodes)
+    multinode = n_nodes > 1
     chunks = chunking.plan_chunks(workload.n_stages, chunk_size)
     n_chunks = len(chunks)
     caps = capacities(hardware, n_devices)
@@ -999,9 +1168,18 @@ def simulate_cgdp(workload, hardware, n_devices, chunk_size, iterations=2):
     host_s = [host_job_seconds(workload, hardware, n_devices,
                                chunk_arrays[c], chunk_bytes[c])
               for c in range(n_chunks)]
+    if multinode:
+        parts = [host_job_parts(workload, hardware, n_devices,
+                                chunk_arrays[c], chunk_bytes[c])
+                 for c in range(n_chunks)]
+        reduce_s = [p[0] for p in parts]
+        update_s = [p[1] for p in parts]
+        net_s = [ring_allreduce_seconds(chunk_bytes[c], n_nodes, network)
+                 for c in range(n_chunks)]
     forward_demands = [compute_demands] * n_chunks
     backward_demands = [compute_demands] * n_chunks
     host_job_demands = [host_demands] * n_chunks
+    reduce_demands = update_demands = host_job_demands
     if cpu:
         # CPU replicas, their gradients and the host threads all stream
         # through the same memory: each task uses the bandwidth its own
@@ -1016,6 +1194,15 @@ def simulate_cgdp(workload, hardware, n_devices, chunk_size, iterations=2):
             hardware, host_demands,
             host_traffic_bytes(n_devices, chunk_bytes[c]), host_s[c])
             for c in range(n_chunks)]
+        if multinode:
+            traffic = [host_traffic_parts(n_devices, chunk_bytes[c])
+                       for c in range(n_chunks)]
+            reduce_demands = [cpu_memory_demand(
+                hardware, host_demands, traffic[c][0], reduce_s[c])
+                for c in range(n_chunks)]
+            update_demands = [cpu_memory_demand(
+                hardware, host_demands, traffic[c][1], update_s[c])
+                for c in range(n_chunks)]
     sim = Simulation(caps, servers)
     params_ready = [[None] * n_chunks for _ in range(n_devices)]
     last_backward = [None] * n_devices
@@ -1041,10 +1228,25 @@ def simulate_cgdp(workload, hardware, n_devices, chunk_size, iterations=2):
                         chunk_arrays[c], [previous],
                         'copy_out[{}]'.format(i)))
             last_backward[i] = previous
+        previous_net = None
         for c in range(n_chunks - 1, -1, -1):
-            host = sim.add('reduce_update', 'host', c, it, host_s[c],
-                           delivered[c], exclusive='host',
-                           demands=host_job_demands[c])
+            if multinode:
+                # Created in this order (reduce, all-reduce, update per
+                # chunk) so that an update ready at the same moment as a
+                # later chunk's reduce goes first, as cgdp_closed_form has it.
+                reduced = sim.add('reduce', 'host', c, it, reduce_s[c],
+                                  delivered[c], exclusive='host',
+                                  demands=reduce_demands[c])
+                previous_net = sim.add('allreduce', 'network', c, it,
+                                       net_s[c], [reduced, previous_net],
+                                       exclusive='network')
+                host = sim.add('update', 'host', c, it, update_s[c],
+                               [previous_net], exclusive='host',
+                               demands=update_demands[c])
+            else:
+                host = sim.add('reduce_update', 'host', c, it, host_s[c],
+                               delivered[c], exclusive='host',
+                               demands=host_job_demands[c])
             for i in range(n_devices):
                 if cpu:
                     params_ready[i][c] = host
@@ -1056,6 +1258,38 @@ def simulate_cgdp(workload, hardware, n_devices, chunk_size, iterations=2):
     sim.run()
     return _iteration_result(sim.tasks, iterations,
                              sum(chunk_forward) + sum(chunk_backward))
+
+
+def simulate_chainermn(workload, hardware, n_devices, n_nodes, network=None,
+                       iterations=2):
+    """Simulates the ChainerMN baseline on ``n_nodes`` nodes of
+    ``n_devices`` devices each.
+
+    After the whole backward, the gradients are all-reduced hierarchically:
+    summed within the node over the device links (as
+    :func:`simulate_typical` sums them on device 0), all-reduced across the
+    nodes by a ring on the network (:func:`ring_allreduce_seconds` of the
+    whole model), and spread within the node again; then every device
+    updates its copy. With one node this is :func:`simulate_typical`
+    exactly.
+
+    Returns:
+        SimulationResult: The timing.
+    """
+    return simulate_typical(workload, hardware, n_devices, iterations,
+                            n_nodes=n_nodes, network=network)
+
+
+def chainermn_closed_form(workload, hardware, n_devices, n_nodes,
+                          network=None, iterations=2):
+    """The ChainerMN baseline's iteration time from its phases (see
+    :func:`typical_closed_form` and :func:`simulate_chainermn`).
+
+    Returns:
+        float: Seconds per iteration.
+    """
+    return typical_closed_form(workload, hardware, n_devices, iterations,
+                               n_nodes=n_nodes, network=network)
 
 
 # ------------------------------------------------------- the closed forms
@@ -1079,8 +1313,12 @@ def concurrent_rates(hardware, caps, paths):
     return [task.speed * rate for task, rate in tasks]
 
 
-def typical_closed_form(workload, hardware, n_devices, iterations=2):
-    """``ParallelUpdater``'s iteration time from its phases.
+def typical_closed_form(workload, hardware, n_devices, iterations=2,
+                        n_nodes=1, network=None):
+    """``ParallelUpdater``'s iteration time from its phases (and, with
+    ``n_nodes > 1``, the ChainerMN baseline's: the ring all-reduce ``A`` of
+    the whole model across the nodes runs between the local sum and the
+    update, ``U' = t_{N-1} + A + u``; see :func:`simulate_chainermn`).
 
     CPU replicas (one thread drives all):
     ``N (F + B) + (N - 1) addgrads + update + (N - 1) copyparams``.
@@ -1099,7 +1337,9 @@ def typical_closed_form(workload, hardware, n_devices, iterations=2):
         float: Seconds per iteration.
     """
     _check_common(workload, hardware, n_devices)
+    network = resolve_network(network, n_nodes)
     n_bytes, arrays = workload.total_bytes, workload.total_arrays
+    net_s = ring_allreduce_seconds(n_bytes, n_nodes, network)
     if hardware.kind == 'cpu':
         forward, backward, _ = cpu_stage_times(workload, hardware,
                                                hardware.cores)
@@ -1107,6 +1347,7 @@ def typical_closed_form(workload, hardware, n_devices, iterations=2):
         ops = workload.host_ops
         return (n_devices * (f_s + b_s)
                 + (n_devices - 1) * _op_cost(ops, 'addgrads', arrays, n_bytes)
+                + net_s
                 + _op_cost(ops, 'update', arrays, n_bytes)
                 + (n_devices - 1) * _op_cost(ops, 'copyparams', arrays,
                                              n_bytes))
@@ -1129,7 +1370,7 @@ def typical_closed_form(workload, hardware, n_devices, iterations=2):
         t = starts[0] + f_s + b_s
         for j in range(1, n_devices):
             t = max(t, starts[j] + f_s + b_s) + gather[j] + add_s
-        update_end = t + update_s
+        update_end = t + net_s + update_s
         t = update_end
         starts = [update_end]
         for j in range(1, n_devices):
@@ -1141,20 +1382,29 @@ def typical_closed_form(workload, hardware, n_devices, iterations=2):
     return (ends[-1] - ends[0]) / (len(ends) - 1)
 
 
-def cgdp_phases(workload, hardware, n_devices, chunk_size):
+def cgdp_phases(workload, hardware, n_devices, chunk_size, n_nodes=1,
+                network=None):
     """Per-chunk phase times of CGDP in backward order (output end first).
 
     Copies that run at the same time on all devices get their max-min fair
     share of the links (the slowest device's rate); host memory is not
     shared between copies and host threads here.
 
+    Args:
+        n_nodes (int): Nodes (multi-node CGDP when above 1).
+        network (str, Network or None): See :func:`resolve_network`.
+
     Returns:
         dict: ``forward`` (seconds of one replica's forward), lists
-        ``backward``, ``d2h``, ``host``, ``h2d`` (one entry per chunk,
-        output end first) and ``chunks`` (their stage ranges).
+        ``backward``, ``d2h``, ``host``, ``allreduce`` (the chunk's ring
+        all-reduce across the nodes; zeros for one node), ``h2d`` (one entry
+        per chunk, output end first) and ``chunks`` (their stage ranges).
+        With ``n_nodes > 1`` also ``reduce`` and ``update``, the two host
+        jobs (see :func:`host_job_parts`), and ``host`` is their sum.
     """
     _check_common(workload, hardware, n_devices)
     check_chunk_size(chunk_size, workload.n_stages)
+    network = resolve_network(network, n_nodes)
     chunks = chunking.plan_chunks(workload.n_stages, chunk_size)
     if hardware.kind == 'cpu':
         threads = cpu_threads_per_replica(hardware, n_devices)
@@ -1177,7 +1427,10 @@ def cgdp_phases(workload, hardware, n_devices, chunk_size):
     chunk_forward, chunk_backward = chunk_compute_times(
         workload, hardware, forward, backward, chunks)
     phases = {'forward': sum(chunk_forward), 'backward': [], 'd2h': [],
-              'host': [], 'h2d': [], 'chunks': []}
+              'host': [], 'allreduce': [], 'h2d': [], 'chunks': []}
+    if n_nodes > 1:
+        phases['reduce'] = []
+        phases['update'] = []
     for index in range(len(chunks) - 1, -1, -1):
         a, b = chunks[index]
         n_bytes = sum(workload.param_bytes[a:b])
@@ -1187,13 +1440,23 @@ def cgdp_phases(workload, hardware, n_devices, chunk_size):
         phases['chunks'].append((a, b))
         phases['backward'].append(chunk_backward[index])
         phases['d2h'].append(latency + n_bytes / d2h_rate)
-        phases['host'].append(host_job_seconds(workload, hardware, n_devices,
-                                               arrays, n_bytes))
+        if n_nodes > 1:
+            reduce_s, update_s = host_job_parts(workload, hardware,
+                                                n_devices, arrays, n_bytes)
+            phases['reduce'].append(reduce_s)
+            phases['update'].append(update_s)
+            phases['host'].append(reduce_s + update_s)
+        else:
+            phases['host'].append(host_job_seconds(
+                workload, hardware, n_devices, arrays, n_bytes))
+        phases['allreduce'].append(ring_allreduce_seconds(
+            n_bytes, n_nodes, network))
         phases['h2d'].append(latency + n_bytes / h2d_rate)
     return phases
 
 
-def cgdp_closed_form(workload, hardware, n_devices, chunk_size):
+def cgdp_closed_form(workload, hardware, n_devices, chunk_size, n_nodes=1,
+                     network=None):
     """CGDP's iteration time from the flow-line recurrence.
 
     With chunks in backward order ``k = 1..K``: the backward of chunk ``k``
@@ -1203,10 +1466,28 @@ def cgdp_closed_form(workload, hardware, n_devices, chunk_size):
     ``u_k = max(h_k, u_{k-1}) + h2d_k``. The next forward starts with chunk
     K (input side), whose copy is the last, so the iteration takes ``u_K``.
 
+    Multi-node (``n_nodes = R > 1``): the host job splits into a reduce
+    ending at ``r_k`` and an update ending at ``p_k``; between them the ring
+    all-reduce ``A_k`` (:func:`ring_allreduce_seconds`) on the network, in
+    chunk order: ``a_k = max(r_k, a_{k-1}) + A_k``; the update is ready at
+    ``a_k`` and ``u_k = max(p_k, u_{k-1}) + h2d_k``. Reduces and updates
+    share the host threads first come, first served (see
+    :func:`_multinode_host_schedule`). Special cases: one chunk gives
+    ``F + B + d2h + reduce + A + update + h2d``; a network that is the
+    bottleneck gives ``F + bwd_1 + d2h_1 + reduce_1 + sum_k A_k +
+    update_K + h2d_K``. Like the single-node form, it equals the
+    simulation for one host server (``host_servers == 1``, the GPU
+    presets) where host memory is not a bottleneck shared with the copies;
+    with several servers, updates can end out of chunk order and
+    iterations overlap, which the recurrence leaves out.
+
     Returns:
         float: Seconds per iteration.
     """
-    phases = cgdp_phases(workload, hardware, n_devices, chunk_size)
+    phases = cgdp_phases(workload, hardware, n_devices, chunk_size,
+                         n_nodes, network)
+    if n_nodes > 1:
+        return _multinode_closed_form(phases, hardware.host_servers)
     backward_end = phases['forward']
     d2h_end = h2d_end = 0.0
     free = [0.0] * hardware.host_servers
@@ -1218,6 +1499,71 @@ def cgdp_closed_form(workload, hardware, n_devices, chunk_size):
         host_end = max(d2h_end, server_free) + host
         heapq.heappush(free, host_end)
         h2d_end = max(host_end, h2d_end) + h2d
+    return h2d_end
+
+
+def _multinode_host_schedule(ready_reduce, reduce_s, allreduce_s, update_s,
+                             servers):
+    """End times of the reduce, all-reduce and update of each chunk.
+
+    The host threads (``servers`` of them) serve reduces and updates in the
+    order they become ready (an update ready at the same time as a reduce
+    first); the network serves all-reduces in chunk order. Jobs are picked
+    in order of readiness: the next reduce is ready when its copies have
+    landed, the next update when its all-reduce has ended; a job starts on
+    the first free thread, not before it is ready.
+
+    Args:
+        ready_reduce (list of float): When each chunk's d2h copies end
+            (backward order, non-decreasing).
+        reduce_s, allreduce_s, update_s (list of float): Per chunk.
+        servers (int): Host jobs that run at once.
+
+    Returns:
+        tuple of list: ``(reduce ends, all-reduce ends, update ends)``.
+    """
+    n = len(ready_reduce)
+    reduce_end = [0.0] * n
+    net_end = [0.0] * n
+    update_end = [0.0] * n
+    free = [0.0] * servers
+    next_reduce = next_update = 0
+    network_free = 0.0
+    while next_update < n:
+        take_update = next_update < next_reduce and (
+            next_reduce == n
+            or net_end[next_update] <= ready_reduce[next_reduce])
+        server_free = heapq.heappop(free)
+        if take_update:
+            k = next_update
+            end = max(net_end[k], server_free) + update_s[k]
+            update_end[k] = end
+            next_update += 1
+        else:
+            k = next_reduce
+            end = max(ready_reduce[k], server_free) + reduce_s[k]
+            reduce_end[k] = end
+            network_free = max(end, network_free) + allreduce_s[k]
+            net_end[k] = network_free
+            next_reduce += 1
+        heapq.heappush(free, end)
+    return reduce_end, net_end, update_end
+
+
+def _multinode_closed_form(phases, servers):
+    backward_end = phases['forward']
+    d2h_end = 0.0
+    ready = []
+    for bwd, d2h in zip(phases['backward'], phases['d2h']):
+        backward_end += bwd
+        d2h_end = max(backward_end, d2h_end) + d2h
+        ready.append(d2h_end)
+    _, _, update_end = _multinode_host_schedule(
+        ready, phases['reduce'], phases['allreduce'], phases['update'],
+        servers)
+    h2d_end = 0.0
+    for end, h2d in zip(update_end, phases['h2d']):
+        h2d_end = max(end, h2d_end) + h2d
     return h2d_end
 
 
@@ -1266,7 +1612,8 @@ def candidate_chunk_sizes(n_stages):
 
 
 def best_chunk_size(workload, hardware, n_devices, candidates=None,
-                    method='simulate', iterations=2):
+                    method='simulate', iterations=2, n_nodes=1,
+                    network=None):
     """The chunk size with the shortest predicted CGDP iteration.
 
     Args:
@@ -1277,6 +1624,8 @@ def best_chunk_size(workload, hardware, n_devices, candidates=None,
             :func:`candidate_chunk_sizes`).
         method (str): ``'simulate'`` or ``'closed'``.
         iterations (int): Simulated iterations per size.
+        n_nodes (int): Nodes (multi-node CGDP when above 1).
+        network (str, Network or None): See :func:`resolve_network`.
 
     Returns:
         tuple: ``(best size, {size: seconds})``; ties go to the smaller size.
@@ -1289,10 +1638,12 @@ def best_chunk_size(workload, hardware, n_devices, candidates=None,
     for size in candidates:
         if method == 'simulate':
             times[size] = simulate_cgdp(workload, hardware, n_devices, size,
-                                        iterations).iteration_s
+                                        iterations, n_nodes=n_nodes,
+                                        network=network).iteration_s
         else:
             times[size] = cgdp_closed_form(workload, hardware, n_devices,
-                                           size)
+                                           size, n_nodes=n_nodes,
+                                           network=network)
     best = min(candidates, key=lambda s: (times[s], s))
     return best, times
 
@@ -1348,6 +1699,84 @@ def predict(profile, hardware, n_devices, batch_per_device, chunk_size=None,
         single = predict(profile, hw, 1, batch_per_device,
                          chunk_size=chunk_size, method=method)
     result['eff_typical'] = single['t_typical'] / t_typical
+    result['eff_cgdp'] = single['t_cgdp'] / t_cgdp
+    return result
+
+
+def predict_multinode(profile, hardware, network, n_nodes, devices_per_node,
+                      batch_per_device, chunk_size=None, method='simulate',
+                      single=None):
+    """Predicted iteration times of the ChainerMN baseline and multi-node
+    CGDP on ``n_nodes`` nodes of ``devices_per_node`` devices each.
+
+    Args:
+        profile (dict): See :func:`check_profile`.
+        hardware (str or Hardware): One node (a preset name or a
+            description).
+        network (str or Network): The network between the nodes
+            (``'ib-edr'``, ``'ib-hdr'`` or a description).
+        n_nodes (int): Nodes ``R``.
+        devices_per_node (int): Devices per node ``N``.
+        batch_per_device (int): Images per device (weak scaling: the global
+            batch is ``R x N x batch_per_device``).
+        chunk_size (int or None): CGDP chunk size; ``None`` picks the best.
+        method (str): ``'simulate'`` or ``'closed'``.
+        single (dict or None): The prediction at one node of one device
+            (to save work in sweeps); computed when needed and not given.
+
+    Returns:
+        dict: ``t_chainermn``, ``t_cgdp``, ``speedup`` (ChainerMN over
+        CGDP), ``eff_chainermn`` and ``eff_cgdp`` (weak-scaling efficiency
+        within each method against one device on one node, ``t(1 x 1) /
+        t(R x N)``), ``best_chunk_size``, ``chunk_times``, the closed forms
+        ``t_chainermn_closed`` and ``t_cgdp_closed``, and ``allreduce_s``
+        (the ring all-reduce of the whole model across the nodes). With
+        ``n_nodes == 1`` the times equal :func:`predict`'s ``t_typical`` and
+        ``t_cgdp``.
+
+    Raises:
+        ValueError: A count, the batch, the network or the hardware is
+            invalid.
+    """
+    hw = hardware_module.get_hardware(hardware, profile)
+    net = resolve_network(network, n_nodes)
+    check_n_devices(devices_per_node)
+    if method not in ('simulate', 'closed'):
+        raise ValueError("method must be 'simulate' or 'closed', got "
+                         "{!r}".format(method))
+    workload = build_workload(profile, hw, batch_per_device)
+    n = devices_per_node
+    if chunk_size is None:
+        size, chunk_times = best_chunk_size(workload, hw, n, method=method,
+                                            n_nodes=n_nodes, network=net)
+    else:
+        check_chunk_size(chunk_size, workload.n_stages)
+        size, chunk_times = chunk_size, {}
+    closed_mn = chainermn_closed_form(workload, hw, n, n_nodes, net)
+    closed_cgdp = cgdp_closed_form(workload, hw, n, size, n_nodes, net)
+    if method == 'simulate':
+        t_chainermn = simulate_chainermn(workload, hw, n, n_nodes,
+                                         net).iteration_s
+        t_cgdp = chunk_times.get(size) or simulate_cgdp(
+            workload, hw, n, size, n_nodes=n_nodes,
+            network=net).iteration_s
+    else:
+        t_chainermn = closed_mn
+        t_cgdp = chunk_times.get(size) or closed_cgdp
+    result = {
+        't_chainermn': t_chainermn, 't_cgdp': t_cgdp,
+        'speedup': t_chainermn / t_cgdp, 'best_chunk_size': size,
+        'chunk_times': chunk_times, 't_chainermn_closed': closed_mn,
+        't_cgdp_closed': closed_cgdp,
+        'allreduce_s': ring_allreduce_seconds(workload.total_bytes, n_nodes,
+                                              net),
+    }
+    if n_nodes == 1 and n == 1:
+        single = result
+    elif single is None:
+        single = predict_multinode(profile, hw, net, 1, 1, batch_per_device,
+                                   chunk_size=chunk_size, method=method)
+    result['eff_chainermn'] = single['t_chainermn'] / t_chainermn
     result['eff_cgdp'] = single['t_cgdp'] / t_cgdp
     return result
 
@@ -1433,7 +1862,7 @@ def choose_chunk_size_for_updater(updater, sample_batch):
     Returns:
         int: The chunk size.
     """
-    from experiments import profile as profile_module
+    from cgdp_chainer import profiler as profile_module
     replica = updater._replicas[0]
     device = updater._devices[0]
     in_arrays = updater.converter(sample_batch, device)

@@ -28,6 +28,11 @@ The presets describe the machine as built (``physical_devices`` devices).
 Asked for more devices, the model extrapolates: more sockets of the same
 shape (``devices_per_socket`` devices each), reached over the same
 inter-socket link. Predictions past ``physical_devices`` are hypothetical.
+
+Several nodes (multi-node predictions) are joined by a :class:`Network`
+(``'ib-edr'``, ``'ib-hdr'``), a separate preset: any machine preset can be
+combined with any network. The cost model treats each node's port as one
+more resource (``network``: one all-reduce at a time, in chunk order).
 """
 import dataclasses
 import math
@@ -35,13 +40,6 @@ import os
 
 GB = 1e9
 TFLOPS = 1e12
-
-# An inter-node link for later MPI work: InfiniBand EDR, 100 Gb/s per port per
-# direction (InfiniBand Trade Association, EDR = 25 Gb/s x 4 lanes), i.e.
-# 12.5 GB/s; about 1 us MPI latency (OSU micro-benchmarks on EDR report
-# 1 to 1.5 us). Not used by the single-node model.
-INFINIBAND_EDR_BYTES_PER_S = 100e9 / 8
-INFINIBAND_EDR_LATENCY_S = 1.2e-6
 
 PEER_SCOPES = ('none', 'socket', 'all', 'pcie')
 
@@ -102,9 +100,6 @@ class Hardware:
         effective_cores: The compute capacity those cores give this
             process (less than ``cores`` while other processes run); 0
             means ``cores``.
-        internode_bw: Inter-node link bandwidth per direction (for MPI work;
-            not used by the single-node model).
-        internode_latency_s: Inter-node latency.
         sources: Where the numbers come from.
     """
     name: str
@@ -133,8 +128,6 @@ class Hardware:
     chunk_overhead_s: float = 100e-6
     cores: int = 0
     effective_cores: float = 0.0
-    internode_bw: float = INFINIBAND_EDR_BYTES_PER_S
-    internode_latency_s: float = INFINIBAND_EDR_LATENCY_S
     sources: str = ''
 
     def __post_init__(self):
@@ -170,7 +163,7 @@ def validate(hardware):
                                         ', '.join(PEER_SCOPES)))
     positive = ('peak_flops', 'compute_efficiency', 'device_memory_bw',
                 'host_link_bw', 'copy_engine_bw', 'socket_link_bw',
-                'host_memory_bw', 'host_thread_bw', 'internode_bw')
+                'host_memory_bw', 'host_thread_bw')
     for field in positive:
         value = getattr(hardware, field)
         if not (isinstance(value, (int, float)) and value > 0
@@ -192,7 +185,7 @@ def validate(hardware):
         raise ValueError('hardware {!r}: peer_bw must not be negative, got '
                          '{!r}'.format(hardware.name, hardware.peer_bw))
     non_negative = ('device_array_overhead_s', 'copy_latency_s',
-                    'internode_latency_s', 'host_op_overhead_s',
+                    'host_op_overhead_s',
                     'host_update_overhead_s', 'host_chunk_overhead_s',
                     'chunk_overhead_s')
     for field in non_negative:
@@ -388,6 +381,126 @@ GH200 = Hardware(
 GPU_PRESETS = {hw.name: hw for hw in (MINSKY, PCIE3, H100_PCIE5, GH200)}
 CPU_PRESET = 'this-cpu'
 PRESET_NAMES = tuple(GPU_PRESETS) + (CPU_PRESET,)
+
+
+# --- Networks between nodes (multi-node predictions) ------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Network:
+    """The network that joins the nodes, as the multi-node cost model sees it.
+
+    Every node has one port of this kind (one NIC, full duplex), the nodes
+    are alike, and the switch between them is non-blocking (a fat tree), so
+    in a ring all-reduce every node sends to one neighbour and receives from
+    the other at the port's full bandwidth at once. A ring all-reduce of
+    ``n`` bytes over ``R`` nodes takes ``2 (R - 1) / R x n / bandwidth +
+    2 (R - 1) x latency_s``
+    (:func:`cgdp_chainer.costmodel.ring_allreduce_seconds`).
+
+    Args:
+        name: Preset name.
+        description: One line for humans.
+        bandwidth: Bytes per second per direction of one node's port.
+        latency_s: Seconds of one step of the ring (one message to the
+            neighbour: the MPI small-message latency).
+        sources: Where the numbers come from.
+    """
+    name: str
+    description: str
+    bandwidth: float
+    latency_s: float
+    sources: str = ''
+
+    def __post_init__(self):
+        validate_network(self)
+
+    def replace(self, **changes):
+        """A copy with some fields changed (checked again)."""
+        return dataclasses.replace(self, **changes)
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and not math.isnan(value)
+
+
+def validate_network(network):
+    """Checks a :class:`Network` for impossible values.
+
+    Raises:
+        ValueError: The bandwidth is not a finite number > 0 (bytes/s), or
+            the latency not a finite number >= 0 (seconds); the message
+            names the network and the field.
+    """
+    if not isinstance(network, Network):
+        raise ValueError('a network is a hardware.Network or one of the '
+                         'preset names {}, got {!r}'.format(
+                             ', '.join(NETWORK_PRESETS), network))
+    value = network.bandwidth
+    if not (_is_number(value) and 0 < value < math.inf):
+        raise ValueError('network {!r}: bandwidth must be a finite number of '
+                         'bytes/s > 0 (per direction of one node\'s port), '
+                         'got {!r}'.format(network.name, value))
+    value = network.latency_s
+    if not (_is_number(value) and 0 <= value < math.inf):
+        raise ValueError('network {!r}: latency_s must be a finite time >= 0 '
+                         'seconds, got {!r}'.format(network.name, value))
+
+
+# InfiniBand EDR (4x): InfiniBand Trade Association, InfiniBand Architecture
+# Specification and roadmap: 4 lanes x 25.78125 Gb/s signalling with 64b/66b
+# encoding = 100 Gb/s of data per direction = 12.5 GB/s. MPI reaches about
+# 95% of it on large messages (OSU micro-benchmarks osu_bw with MVAPICH2 on
+# ConnectX-4 EDR), which the model does not charge. Latency: OSU osu_latency
+# (MVAPICH2 / Open MPI, ConnectX-4 EDR) reports about 1 to 1.5 us for small
+# messages; 1.2 us per ring step. The interconnect of the paper's era
+# (Minsky clusters shipped with ConnectX-4/5 EDR).
+IB_EDR = Network(
+    name='ib-edr',
+    description='InfiniBand EDR 4x, 100 Gb/s per direction',
+    bandwidth=100e9 / 8,
+    latency_s=1.2e-6,
+    sources='IBTA InfiniBand roadmap (EDR 4x); OSU micro-benchmarks on '
+            'ConnectX-4 EDR')
+
+# InfiniBand HDR (4x): IBTA roadmap: 4 lanes x 50 Gb/s (PAM4) = 200 Gb/s of
+# data per direction = 25 GB/s (NVIDIA ConnectX-6 and Quantum HDR product
+# briefs). Latency: OSU osu_latency on ConnectX-6 HDR reports about 1 us for
+# small messages (the adapter itself is quoted at under 0.6 us).
+IB_HDR = Network(
+    name='ib-hdr',
+    description='InfiniBand HDR 4x, 200 Gb/s per direction',
+    bandwidth=200e9 / 8,
+    latency_s=1.0e-6,
+    sources='IBTA InfiniBand roadmap (HDR 4x); NVIDIA ConnectX-6 product '
+            'brief; OSU micro-benchmarks on ConnectX-6 HDR')
+
+NETWORK_PRESETS = {net.name: net for net in (IB_EDR, IB_HDR)}
+DEFAULT_NETWORK = IB_EDR.name
+
+
+def get_network(name_or_network):
+    """Resolves a network preset name (or passes a :class:`Network` through).
+
+    Args:
+        name_or_network (str or Network): ``'ib-edr'`` or ``'ib-hdr'``.
+
+    Returns:
+        Network: The network (checked).
+
+    Raises:
+        ValueError: The name is unknown (the message lists the presets), or
+            the network has an impossible value.
+    """
+    if isinstance(name_or_network, Network):
+        validate_network(name_or_network)
+        return name_or_network
+    if isinstance(name_or_network, str) and \
+            name_or_network in NETWORK_PRESETS:
+        return NETWORK_PRESETS[name_or_network]
+    raise ValueError('unknown network preset {!r}; choose one of {}'.format(
+        name_or_network, ', '.join(NETWORK_PRESETS)))
 
 
 def available_cores():

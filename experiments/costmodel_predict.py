@@ -12,6 +12,14 @@ per device, and draws
   batch;
 - ``NOTES.txt``: how the numbers were made and what the model leaves out.
 
+It also writes ``results/costmodel/predictions_multinode.csv``
+(:data:`MULTINODE_COLUMNS`): the ChainerMN baseline against multi-node
+CGDP on 1, 2, 4 and 8 nodes of 4 devices each, batch 32 per device, for
+every network, GPU preset and interconnect (``ib-edr``, ``ib-hdr``); and
+``multinode_efficiency.png``: their weak-scaling efficiency (against one
+device on one node) against the total device count, a panel per network
+and preset, a line per method and interconnect.
+
 FLOPs are counted once per network at 224 px and cached
 (``results/costmodel/flops_cache.json``). The ``this-cpu`` preset is
 included for each network that has a CPU profile under
@@ -37,7 +45,13 @@ from experiments import results  # NOQA: E402
 COLUMNS = ('net', 'preset', 'n_devices', 'batch_per_device', 't_typical',
            't_cgdp', 'speedup', 'eff_typical', 'eff_cgdp',
            'best_chunk_size')
+MULTINODE_COLUMNS = ('net', 'preset', 'network', 'n_nodes', 'devices_per_node',
+                     'batch_per_device', 't_chainermn', 't_cgdp', 'speedup',
+                     'eff_chainermn', 'eff_cgdp', 'best_chunk_size')
 DEVICE_COUNTS = (1, 2, 4, 8)
+NODE_COUNTS = (1, 2, 4, 8)
+DEVICES_PER_NODE = 4
+MULTINODE_BATCH = 32
 BATCHES = (16, 32, 64)
 IMAGE_SIZE = 224
 FIGURE_BATCH = 32
@@ -85,6 +99,47 @@ def predict_rows(net, profile, preset, counts=DEVICE_COUNTS,
                 'eff_typical': _round(result['eff_typical']),
                 'eff_cgdp': _round(result['eff_cgdp']),
                 'best_chunk_size': result['best_chunk_size']})
+    return rows
+
+
+def predict_multinode_rows(net, profile, preset, network,
+                           node_counts=NODE_COUNTS,
+                           devices_per_node=DEVICES_PER_NODE,
+                           batch=MULTINODE_BATCH):
+    """Multi-node prediction rows for one network on one preset and
+    interconnect.
+
+    Args:
+        net (str): Network name.
+        profile (dict): Its profile.
+        preset (str): Hardware preset name (one node).
+        network (str): Interconnect preset name (``'ib-edr'``, ...).
+        node_counts (tuple of int): Node counts.
+        devices_per_node (int): Devices per node.
+        batch (int): Batch per device.
+
+    Returns:
+        list of dict: Rows with :data:`MULTINODE_COLUMNS`.
+    """
+    hw = hardware.get_hardware(preset, profile)
+    interconnect = hardware.get_network(network)
+    single = costmodel.predict_multinode(profile, hw, interconnect, 1, 1,
+                                         batch)
+    rows = []
+    for n_nodes in node_counts:
+        result = costmodel.predict_multinode(
+            profile, hw, interconnect, n_nodes, devices_per_node, batch,
+            single=single)
+        rows.append({
+            'net': net, 'preset': preset, 'network': interconnect.name,
+            'n_nodes': n_nodes, 'devices_per_node': devices_per_node,
+            'batch_per_device': batch,
+            't_chainermn': _round(result['t_chainermn']),
+            't_cgdp': _round(result['t_cgdp']),
+            'speedup': _round(result['speedup']),
+            'eff_chainermn': _round(result['eff_chainermn']),
+            'eff_cgdp': _round(result['eff_cgdp']),
+            'best_chunk_size': result['best_chunk_size']})
     return rows
 
 
@@ -171,6 +226,56 @@ def plot_speedup(rows, nets, presets, path):
     plt.close(fig)
 
 
+def plot_multinode_efficiency(rows, nets, presets, networks, path):
+    """Efficiency of ChainerMN and multi-node CGDP against the total device
+    count, a panel per network (column) and preset (row), a line per method
+    (colour) and interconnect (line style)."""
+    fig, axes = plt.subplots(len(presets), len(nets), squeeze=False,
+                             figsize=(3.0 * len(nets), 2.4 * len(presets)),
+                             sharex=True, sharey=True)
+    colors = {'chainermn': 'tab:blue', 'cgdp': 'tab:red'}
+    labels = {'chainermn': 'ChainerMN', 'cgdp': 'CGDP'}
+    styles = dict(zip(networks, ('-', '--', ':', '-.')))
+    ticks = []
+    for i, preset in enumerate(presets):
+        for j, net in enumerate(nets):
+            ax = axes[i][j]
+            for network in networks:
+                chosen = sorted(_select(rows, net=net, preset=preset,
+                                        network=network),
+                                key=lambda r: r['n_nodes'])
+                if not chosen:
+                    continue
+                total = [r['n_nodes'] * r['devices_per_node']
+                         for r in chosen]
+                ticks = sorted(set(ticks) | set(total))
+                for method in ('chainermn', 'cgdp'):
+                    ax.plot(total, [r['eff_' + method] for r in chosen],
+                            marker='o' if method == 'chainermn' else 's',
+                            markersize=3, linestyle=styles[network],
+                            color=colors[method],
+                            label='{} {}'.format(labels[method], network))
+            ax.set_xscale('log', base=2)
+            if ticks:
+                ax.set_xticks(ticks)
+                ax.set_xticklabels([str(t) for t in ticks])
+            ax.set_ylim(0, 1.1)
+            ax.grid(alpha=0.3)
+            if i == 0:
+                ax.set_title(net, fontsize=9)
+            if j == 0:
+                ax.set_ylabel('{}\nefficiency'.format(preset), fontsize=8)
+            if i == len(presets) - 1:
+                ax.set_xlabel('devices (nodes x {})'.format(
+                    DEVICES_PER_NODE), fontsize=8)
+    axes[0][0].legend(fontsize=6)
+    fig.suptitle('Predicted multi-node weak-scaling efficiency (vs 1 device), '
+                 'batch {} per device'.format(MULTINODE_BATCH), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def write_notes(path, presets, cpu_nets):
     lines = [
         'Predictions of cgdp_chainer.costmodel (discrete-event simulation; '
@@ -187,6 +292,18 @@ def write_notes(path, presets, cpu_nets):
             ', '.join(cpu_nets) if cpu_nets else 'none (no profile under '
             'results/profiles/)'),
         '',
+        'predictions_multinode.csv: {} nodes of {} devices, batch {} per '
+        'device, interconnects {} (cgdp_chainer/hardware.py). ChainerMN: '
+        'the typical local sum on device 0, a ring all-reduce of all '
+        'gradients across the nodes, update and spread; CGDP: each chunk '
+        'all-reduced across the nodes between its local reduce and its '
+        'update, one all-reduce at a time, in chunk order. A ring '
+        'all-reduce of n bytes over R nodes: 2 (R - 1) / R x n / bandwidth '
+        '+ 2 (R - 1) x latency. Efficiency: t(1 node x 1 device) / '
+        't(R x N) within each method; speedup: t_chainermn / t_cgdp. One '
+        'node equals the single-node rows (typical = ChainerMN).'.format(
+            ', '.join(str(n) for n in NODE_COUNTS), DEVICES_PER_NODE,
+            MULTINODE_BATCH, ', '.join(hardware.NETWORK_PRESETS)),
         'What the model leaves out:',
     ] + ['- ' + item for item in costmodel.LEFT_OUT]
     with open(path, 'w') as f:
@@ -207,12 +324,17 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     cache = os.path.join(args.out, 'flops_cache.json')
     presets = list(hardware.GPU_PRESETS)
+    networks = list(hardware.NETWORK_PRESETS)
     rows = []
+    multinode_rows = []
     cpu_nets = []
     for net in nets:
         profile = costmodel.flops_profile(net, IMAGE_SIZE, cache_path=cache)
         for preset in presets:
             rows.extend(predict_rows(net, profile, preset))
+            for network in networks:
+                multinode_rows.extend(predict_multinode_rows(
+                    net, profile, preset, network))
         cpu_profile = newest_cpu_profile(net)
         if cpu_profile is not None:
             try:
@@ -230,9 +352,15 @@ def main(argv=None):
                     os.path.join(args.out, 'efficiency.png'))
     plot_speedup(rows, nets, all_presets,
                  os.path.join(args.out, 'speedup.png'))
+    multinode_path = os.path.join(args.out, 'predictions_multinode.csv')
+    results.write_csv(multinode_path, MULTINODE_COLUMNS, multinode_rows)
+    plot_multinode_efficiency(multinode_rows, nets, presets, networks,
+                              os.path.join(args.out,
+                                           'multinode_efficiency.png'))
     write_notes(os.path.join(args.out, 'NOTES.txt'), all_presets, cpu_nets)
-    print('wrote {} rows to {} and figures in {} ({:.1f} s)'.format(
-        len(rows), csv_path, args.out, time.perf_counter() - start))
+    print('wrote {} rows to {}, {} to {} and figures in {} ({:.1f} s)'
+          .format(len(rows), csv_path, len(multinode_rows), multinode_path,
+                  args.out, time.perf_counter() - start))
     return 0
 
 

@@ -411,3 +411,248 @@ def test_validation_points_and_prediction_rows():
         'convlinear', profile, 'pcie3', counts=(1, 2), batches=(16,))
     assert [r['n_devices'] for r in predictions] == [1, 2]
     assert set(predictions[0]) == set(costmodel_predict.COLUMNS)
+
+
+# ------------------------------------------------------------- multi-node
+
+def make_network(bandwidth=50.0, latency_s=0.1):
+    return hardware.Network(name='test-net', description='hand-computable',
+                            bandwidth=bandwidth, latency_s=latency_s)
+
+
+def both_multinode(work, hw, n, chunk_size, n_nodes, network):
+    """Simulated and closed-form multi-node CGDP seconds."""
+    simulated = costmodel.simulate_cgdp(work, hw, n, chunk_size,
+                                        n_nodes=n_nodes,
+                                        network=network).iteration_s
+    closed = costmodel.cgdp_closed_form(work, hw, n, chunk_size,
+                                        n_nodes=n_nodes, network=network)
+    return simulated, closed
+
+
+def test_ring_allreduce_formula():
+    # 2 (R - 1) / R x bytes / bandwidth + 2 (R - 1) x latency.
+    net = make_network(bandwidth=100.0, latency_s=0.01)
+    assert costmodel.ring_allreduce_seconds(1000, 4, net) == \
+        pytest.approx(1.5 * 1000 / 100.0 + 6 * 0.01)
+    assert costmodel.ring_allreduce_seconds(1000, 2, net) == \
+        pytest.approx(1000 / 100.0 + 2 * 0.01)
+    assert costmodel.ring_allreduce_seconds(1000, 1, net) == 0.0
+    assert costmodel.ring_allreduce_seconds(0, 8, net) == 0.0
+
+
+def test_multinode_one_chunk_exposes_the_ring_allreduce():
+    # One chunk, free host work: the all-reduce runs after the whole
+    # backward and before the update, so it adds exactly its ring time.
+    work = workload([1, 2], [2, 4], [100, 300])
+    hw = make_hardware()
+    net = make_network(bandwidth=50.0, latency_s=0.1)
+    for n in (1, 2):
+        single = costmodel.simulate_cgdp(work, hw, n, 2).iteration_s
+        assert single == pytest.approx(3 + 6 + 4 + 4)
+        for n_nodes, ring in ((2, 400 / 50.0 + 0.2), (4, 12.0 + 0.6),
+                              (8, 14.0 + 1.4)):
+            simulated, closed = both_multinode(work, hw, n, 2, n_nodes, net)
+            assert simulated - single == pytest.approx(ring)
+            assert closed == pytest.approx(simulated)
+    # With host costs (2000 B/s): the reduce packs (2 bytes per byte; with
+    # two devices it reads both slots and writes the sum first: 3 more),
+    # the update unpacks, scales and runs MomentumSGD (2 + 2 + 5).
+    hw = make_hardware(host_thread_bw=2000.0)
+    for n, reduce_s in ((1, 800 / 2000.0), (2, 2000 / 2000.0)):
+        simulated, closed = both_multinode(work, hw, n, 2, 4, net)
+        expected = 3 + 6 + 4 + reduce_s + 12.6 + 3600 / 2000.0 + 4
+        assert simulated == pytest.approx(expected)
+        assert closed == pytest.approx(expected)
+
+
+def test_multinode_small_chunks_on_a_slow_network_are_network_bound():
+    # Eight chunks of 100 bytes; fast copies (1e-4 s), free host work, a
+    # slow network: each chunk's all-reduce (10 s + 2 x 0.01 s) waits for
+    # the one before, so the iteration is F + the first backward + its d2h
+    # + every all-reduce + the last h2d.
+    work = workload([0.01] * 8, [0.01] * 8, [100] * 8)
+    hw = make_hardware(host_link_bw=1e6, copy_engine_bw=1e6)
+    net = make_network(bandwidth=10.0, latency_s=0.01)
+    ring = costmodel.ring_allreduce_seconds(100, 2, net)
+    assert ring == pytest.approx(10.02)
+    simulated, closed = both_multinode(work, hw, 1, 1, 2, net)
+    expected = 0.08 + 0.01 + 1e-4 + 8 * ring + 1e-4
+    assert simulated == pytest.approx(expected)
+    assert closed == pytest.approx(expected)
+    assert simulated / (8 * ring) == pytest.approx(1.0, rel=2e-3)
+    # Latency makes small chunks cost more: one chunk sends the same bytes
+    # in one all-reduce.
+    slow_start = make_network(bandwidth=10.0, latency_s=0.5)
+    many, _ = both_multinode(work, hw, 1, 1, 2, slow_start)
+    one, _ = both_multinode(work, hw, 1, 8, 2, slow_start)
+    assert many == pytest.approx(0.09 + 1e-4 + 8 * (10 + 1.0) + 1e-4)
+    assert one == pytest.approx(0.16 + 8e-4 + (80 + 1.0) + 8e-4)
+    assert one < many
+
+
+def test_multinode_fast_network_hides_behind_the_backward():
+    # Each chunk's all-reduce (0.189 s on 8 nodes) ends before the next
+    # chunk's backward (1 s): only the input-side chunk's is exposed.
+    # ChainerMN exposes the all-reduce of the whole model.
+    work = workload([0.1] * 4, [1.0] * 4, [100] * 4)
+    hw = make_hardware(host_link_bw=1e4, copy_engine_bw=1e4)
+    net = make_network(bandwidth=1e3, latency_s=1e-3)
+    ring = costmodel.ring_allreduce_seconds(100, 8, net)
+    assert ring == pytest.approx(0.175 + 0.014)
+    single = costmodel.simulate_cgdp(work, hw, 2, 1).iteration_s
+    assert single == pytest.approx(0.4 + 4.0 + 0.01 + 0.01)
+    simulated, closed = both_multinode(work, hw, 2, 1, 8, net)
+    assert simulated == pytest.approx(single + ring)
+    assert closed == pytest.approx(simulated)
+    typical = costmodel.simulate_typical(work, hw, 2).iteration_s
+    chainermn = costmodel.simulate_chainermn(work, hw, 2, 8, net)
+    assert chainermn.iteration_s == pytest.approx(
+        typical + costmodel.ring_allreduce_seconds(400, 8, net))
+
+
+def test_chainermn_hand_computed():
+    # As test_typical_hand_computed (5 s on one node), plus the ring
+    # all-reduce of 100 bytes between the local sum and the update.
+    work = workload([1.0], [2.0], [100])
+    hw = make_hardware()
+    net = make_network(bandwidth=50.0, latency_s=0.25)
+    for n, n_nodes, expected in ((2, 2, 5.0 + 2.0 + 0.5),
+                                 (2, 4, 5.0 + 3.0 + 1.5),
+                                 (1, 2, 3.0 + 2.0 + 0.5)):
+        simulated = costmodel.simulate_chainermn(work, hw, n, n_nodes, net)
+        assert simulated.iteration_s == pytest.approx(expected)
+        assert costmodel.chainermn_closed_form(work, hw, n, n_nodes, net) \
+            == pytest.approx(expected)
+
+
+def test_one_node_is_the_single_node_model():
+    # R = 1 sends nothing over the network, however slow it is.
+    rng = numpy.random.RandomState(3)
+    work = workload(rng.uniform(0.01, 0.2, 5), rng.uniform(0.02, 0.4, 5),
+                    [int(b) for b in rng.randint(0, 4000, 5)],
+                    [int(a) for a in rng.randint(0, 5, 5)])
+    hw = make_hardware(copy_latency_s=1e-3, host_thread_bw=2e4,
+                       host_link_bw=2e4, copy_engine_bw=2e4,
+                       host_chunk_overhead_s=1e-3)
+    crawl = make_network(bandwidth=1e-3, latency_s=10.0)
+    for n in (1, 3):
+        for size in (1, 2, 5):
+            assert costmodel.simulate_cgdp(
+                work, hw, n, size, n_nodes=1, network=crawl).iteration_s == \
+                costmodel.simulate_cgdp(work, hw, n, size).iteration_s
+            assert costmodel.cgdp_closed_form(
+                work, hw, n, size, n_nodes=1, network=crawl) == \
+                costmodel.cgdp_closed_form(work, hw, n, size)
+        assert costmodel.simulate_chainermn(
+            work, hw, n, 1, crawl).iteration_s == \
+            costmodel.simulate_typical(work, hw, n).iteration_s
+        assert costmodel.chainermn_closed_form(work, hw, n, 1, crawl) == \
+            costmodel.typical_closed_form(work, hw, n)
+    # And through predict_multinode on a preset with a FLOPs profile.
+    profile = {'stages': flops.stage_costs(ConvLinear(), image_size=8),
+               'batch': 1}
+    single = None
+    for n in (1, 2, 4):
+        multi = costmodel.predict_multinode(profile, 'minsky', 'ib-edr', 1,
+                                            n, 16)
+        plain = costmodel.predict(profile, 'minsky', n, 16, single=single)
+        single = single or plain
+        assert multi['t_chainermn'] == plain['t_typical']
+        assert multi['t_cgdp'] == plain['t_cgdp']
+        assert multi['best_chunk_size'] == plain['best_chunk_size']
+        assert multi['eff_chainermn'] == pytest.approx(plain['eff_typical'])
+        assert multi['eff_cgdp'] == pytest.approx(plain['eff_cgdp'])
+        assert multi['allreduce_s'] == 0.0
+
+
+@pytest.mark.parametrize('n', [1, 3])
+@pytest.mark.parametrize('chunk_size', [1, 3, 7])
+@pytest.mark.parametrize('n_nodes', [2, 5])
+def test_multinode_closed_form_matches_simulation(n, chunk_size, n_nodes):
+    # One host thread (as the GPU presets): reduces and updates of
+    # different chunks interleave on it; no host-memory contention.
+    rng = numpy.random.RandomState(100 * n + 10 * chunk_size + n_nodes)
+    stages = 7
+    work = workload(rng.uniform(0.01, 0.2, stages),
+                    rng.uniform(0.02, 0.4, stages),
+                    [int(b) for b in rng.randint(0, 4000, stages)],
+                    [int(a) for a in rng.randint(0, 5, stages)])
+    hw = make_hardware(copy_latency_s=1e-3, host_thread_bw=2e4,
+                       host_update_overhead_s=1e-3, host_link_bw=2e4,
+                       copy_engine_bw=2e4, host_chunk_overhead_s=1e-3,
+                       chunk_overhead_s=0.03, device_memory_bw=1e5,
+                       device_array_overhead_s=1e-3)
+    net = make_network(bandwidth=rng.uniform(5e3, 5e4),
+                       latency_s=rng.uniform(0, 5e-3))
+    simulated, closed = both_multinode(work, hw, n, chunk_size, n_nodes,
+                                       net)
+    assert closed == pytest.approx(simulated, rel=1e-9)
+    assert costmodel.chainermn_closed_form(work, hw, n, n_nodes, net) == \
+        pytest.approx(costmodel.simulate_chainermn(
+            work, hw, n, n_nodes, net).iteration_s, rel=1e-9)
+
+
+def test_multinode_presets_closed_form_close_to_simulation():
+    work = workload([0.01] * 10, [0.02] * 10, [4_000_000] * 10, [2] * 10)
+    for name in ('minsky', 'h100-pcie5'):
+        hw = hardware.get_hardware(name)
+        for network in ('ib-edr', 'ib-hdr'):
+            simulated, closed = both_multinode(work, hw, 4, 2, 4, network)
+            assert closed == pytest.approx(simulated, rel=0.25)
+
+
+def test_network_presets_are_documented():
+    assert set(hardware.NETWORK_PRESETS) == {'ib-edr', 'ib-hdr'}
+    edr = hardware.get_network('ib-edr')
+    hdr = hardware.get_network('ib-hdr')
+    assert edr.bandwidth == pytest.approx(12.5e9)   # 100 Gb/s
+    assert hdr.bandwidth == pytest.approx(25e9)     # 200 Gb/s
+    for net in (edr, hdr):
+        assert 0 < net.latency_s < 1e-5 and net.sources
+    assert hardware.get_network(edr) is edr
+
+
+@pytest.mark.parametrize('changes, field', [
+    ({'bandwidth': 0.0}, 'bandwidth'), ({'bandwidth': -1.0}, 'bandwidth'),
+    ({'bandwidth': float('nan')}, 'bandwidth'),
+    ({'bandwidth': float('inf')}, 'bandwidth'),
+    ({'bandwidth': '12.5e9'}, 'bandwidth'),
+    ({'latency_s': -1e-6}, 'latency_s'),
+    ({'latency_s': float('nan')}, 'latency_s')])
+def test_bad_network_values(changes, field):
+    with pytest.raises(ValueError, match=field):
+        make_network().replace(**changes)
+
+
+def test_bad_network_and_node_count():
+    with pytest.raises(ValueError, match='ib-edr, ib-hdr'):
+        hardware.get_network('10gbe')
+    with pytest.raises(ValueError, match='ib-edr, ib-hdr'):
+        hardware.get_network(12.5e9)
+    profile = {'stages': [{'forward_flops': 1.0, 'backward_flops': 1.0,
+                           'param_bytes': 4}]}
+    with pytest.raises(ValueError, match='unknown network'):
+        costmodel.predict_multinode(profile, 'minsky', 'omnipath', 2, 4, 1)
+    work = workload([1.0], [1.0], [1])
+    for n_nodes in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match='n_nodes'):
+            costmodel.simulate_cgdp(work, make_hardware(), 1, 1,
+                                    n_nodes=n_nodes)
+        with pytest.raises(ValueError, match='n_nodes'):
+            costmodel.simulate_chainermn(work, make_hardware(), 1, n_nodes)
+        with pytest.raises(ValueError, match='n_nodes'):
+            costmodel.predict_multinode(profile, 'minsky', 'ib-edr', n_nodes,
+                                        4, 1)
+
+
+def test_multinode_prediction_rows():
+    from experiments import costmodel_predict
+    profile = {'stages': flops.stage_costs(ConvLinear(), image_size=8),
+               'batch': 1}
+    rows = costmodel_predict.predict_multinode_rows(
+        'convlinear', profile, 'minsky', 'ib-edr', node_counts=(1, 2))
+    assert [r['n_nodes'] for r in rows] == [1, 2]
+    assert set(rows[0]) == set(costmodel_predict.MULTINODE_COLUMNS)
+    assert rows[1]['t_chainermn'] > rows[0]['t_chainermn']
+    assert rows[0]['devices_per_node'] == 4 and rows[0]['network'] == 'ib-edr'
