@@ -50,7 +50,11 @@ Each is computed twice:
   where the hardware shares them: a socket's memory, the inter-socket link,
   a switch uplink, a device's peer port), the host threads (a pool whose jobs
   compete for the socket's memory bandwidth) and, for CPU replicas, the cores
-  that replicas, host threads and copies all share. Shared resources are
+  that replicas, host threads and copies all share, and Python's global
+  interpreter lock (GIL), which the replica threads and host threads of the
+  one process hold for the Python part of their work (a stage's time
+  outside BLAS, :func:`stage_gil_seconds`; a host operation's cost per
+  array). Shared resources are
   divided by max-min fairness (fluid model); exclusive ones serve in order of
   arrival.
 
@@ -71,24 +75,41 @@ from cgdp_chainer import chunking
 from cgdp_chainer import hardware as hardware_module
 
 LEFT_OUT = (
-    'Python overhead and the GIL: replica threads and host threads are '
-    'assumed to run Python side by side (Chainer holds the GIL between '
-    'NumPy calls; ParallelUpdater issues every GPU\'s kernels from one '
+    'the cost of handing the GIL from one thread to another: the model '
+    'gives each replica thread the GIL for its stages\' time outside BLAS '
+    'and shares it fairly, but each hand-over also wakes the waiting '
+    'thread (on the 2-core machine two threads of a tiny all-Python model '
+    'took 2.5 to 5.5 times one alone, not 2); the time outside BLAS also '
+    'counts NumPy loops that release the GIL; GPU replicas\' Python is not '
+    'modelled (ParallelUpdater issues every GPU\'s kernels from one '
     'thread);',
-    'data loading and batch conversion;',
-    'CPU replicas: memory traffic of activations (only parameter traffic is '
-    'shared), page-fault and allocator contention between replica threads, '
-    'cache effects; other processes\' load is taken as constant at what '
-    'the profile measured (effective cores);',
+    'data loading and batch conversion (0.2 ms per iteration for the '
+    'experiment\'s in-memory examples at batch 4 and 64 px; decoding real '
+    'images would not be negligible);',
+    'CPU replicas: a replica is slowed evenly when it gets less than the '
+    'cores it keeps busy (measured, with BLAS\'s spinning idle threads), '
+    'though only its BLAS calls, which run at the pace of their slowest '
+    'thread, slow down, and those more than evenly; more threads than '
+    'cores cost more than their share (four one-thread replica processes '
+    'on 2 cores took 2.2 times one alone, not 2); memory traffic of '
+    'activations (only parameter traffic is shared), page-fault and '
+    'allocator contention between replica threads, cache effects; other '
+    'processes\' load, and the speed of a virtual machine\'s cores, are '
+    'taken as constant at what the profile measured (effective cores): on '
+    'the 2-core VM the median ResNet-152 iteration of one replica '
+    '(StandardUpdater, batch 4, 64 px) was 0.61 s in one run and 0.83 s in '
+    'another 15 minutes later;',
     'GPUs: device-memory contention between compute and copies;',
     'compute time scaled linearly with the batch (small batches fill a GPU '
-    'less well than the FLOP count says);',
+    'less well than the FLOP count says; on CPUs, the Python part of a '
+    'stage does not grow with the batch);',
     'GPU presets: layers other than convolution and linear are covered only '
     'by the efficiency factor;',
     'device counts beyond a preset\'s physical devices extrapolate with more '
     'sockets of the same shape;',
     'the closed forms leave out host-memory sharing between copies, host '
-    'threads and CPU replicas (the simulation includes it);',
+    'threads and CPU replicas, and the host threads\' GIL (the simulation '
+    'includes them);',
     'multi-node: nodes are alike and the switch does not block (one node is '
     'modelled); the all-reduce is a ring at the port\'s data rate (no '
     'protocol loss, no tree or in-network reduction), without a per-call '
@@ -265,6 +286,13 @@ class Workload:
         chunk_forward_overhead_s, chunk_backward_overhead_s (float or None):
             Measured fixed cost of each chunk (the stage times exclude it);
             ``None``: the hardware's ``chunk_overhead_s`` applies.
+        busy_cores (float or None): CPU replicas: cores one replica keeps
+            busy with all BLAS threads (measured: CPU seconds per second of
+            a whole pass); ``None``: estimated from the stage times.
+        forward_gil_s, backward_gil_s (list of float or None): CPU replicas:
+            seconds per stage that hold Python's global interpreter lock
+            (see :func:`stage_gil_seconds`); ``None``: not known, the GIL
+            is not modelled.
         measured (bool): Compute times come from a measurement.
     """
     forward_s: list
@@ -278,6 +306,9 @@ class Workload:
     device_update_s: float = None
     chunk_forward_overhead_s: float = None
     chunk_backward_overhead_s: float = None
+    forward_gil_s: list = None
+    backward_gil_s: list = None
+    busy_cores: float = None
     measured: bool = False
 
     @property
@@ -304,13 +335,59 @@ def _uses_measured_times(profile, hardware):
     return profile.get('hardware') == hardware.name
 
 
+def stage_gil_seconds(seconds_1t, flops, blas_1t_flops):
+    """Seconds of a stage that hold the GIL, from its one-thread time.
+
+    A CPU replica's stage spends its time in two kinds of work: arithmetic
+    (the convolution and linear layers' matrix products, which BLAS runs
+    without the GIL) and everything else, which Chainer's Python drives one
+    NumPy call at a time: the interpreter, NumPy's dispatch and the small
+    arrays' copies, padding and element-wise passes, whose time at this
+    size is mostly dispatch. The second part is taken to hold the GIL: the
+    stage's one-thread time beyond its arithmetic at the single-thread
+    matrix-product rate, ``max(0, t_1t - FLOPs / blas_1t_flops)``.
+
+    Args:
+        seconds_1t (float): The stage's time with one BLAS thread.
+        flops (float): Its arithmetic (FLOPs of the whole batch).
+        blas_1t_flops (float): FLOP/s of a matrix product on one thread
+            (:func:`cgdp_chainer.profiler.measure_blas_1t_flops`).
+
+    Returns:
+        float: Seconds.
+    """
+    return max(0.0, seconds_1t - flops / blas_1t_flops)
+
+
+def _gil_times(profile, stages, scale, batch_per_device):
+    """Per-stage GIL seconds of a measured CPU profile, or ``None`` when
+    it lacks the one-thread times, the FLOPs or the BLAS rate."""
+    rate = (profile.get('machine') or {}).get('blas_1t_flops')
+    if not rate or rate <= 0:
+        return None, None
+    keys = ('forward_1t_s', 'backward_1t_s', 'forward_flops',
+            'backward_flops')
+    if not all(s.get(k) is not None for s in stages for k in keys):
+        return None, None
+    forward = [stage_gil_seconds(scale * s['forward_1t_s'],
+                                 batch_per_device * s['forward_flops'], rate)
+               for s in stages]
+    backward = [stage_gil_seconds(scale * s['backward_1t_s'],
+                                  batch_per_device * s['backward_flops'],
+                                  rate)
+                for s in stages]
+    return forward, backward
+
+
 def build_workload(profile, hardware, batch_per_device):
     """Turns a profile into per-stage seconds and bytes for one machine.
 
     Measured times are used where the profile was measured on this hardware
     (``this-cpu``, or a profile whose ``hardware`` field names the preset)
     and scaled linearly from the profile's batch; otherwise compute time is
-    ``FLOPs x batch / hardware.achieved_flops``.
+    ``FLOPs x batch / hardware.achieved_flops``. CPU profiles with
+    one-thread times, FLOPs and the machine's ``blas_1t_flops`` also give
+    each stage's GIL seconds (:func:`stage_gil_seconds`).
 
     Args:
         profile (dict): See :func:`check_profile`.
@@ -340,6 +417,10 @@ def build_workload(profile, hardware, batch_per_device):
         if all(s.get('forward_1t_s') is not None for s in stages):
             forward_1t = [scale * s['forward_1t_s'] for s in stages]
             backward_1t = [scale * s['backward_1t_s'] for s in stages]
+        forward_gil = backward_gil = None
+        if hardware.kind == 'cpu':
+            forward_gil, backward_gil = _gil_times(profile, stages, scale,
+                                                   batch_per_device)
     else:
         if not all(s.get('forward_flops') is not None
                    and s.get('backward_flops') is not None for s in stages):
@@ -353,11 +434,15 @@ def build_workload(profile, hardware, batch_per_device):
         backward = [batch_per_device * s['backward_flops'] / rate
                     for s in stages]
         forward_1t = backward_1t = None
+        forward_gil = backward_gil = None
     host_ops = profile.get('host', {}).get('ops') if measured else None
     copy = profile.get('copy') if measured else None
     device_update = profile.get('device_update_s') if measured else None
     overhead = profile.get('chunk_overhead') if measured else None
     overhead = overhead or {}
+    busy_cores = None
+    if measured and hardware.kind == 'cpu':
+        busy_cores = (profile.get('whole') or {}).get('busy_cores')
     return Workload(
         forward_s=forward, backward_s=backward,
         param_bytes=[int(s['param_bytes']) for s in stages],
@@ -367,7 +452,8 @@ def build_workload(profile, hardware, batch_per_device):
         host_ops=host_ops, copy=copy, device_update_s=device_update,
         chunk_forward_overhead_s=overhead.get('forward_s'),
         chunk_backward_overhead_s=overhead.get('backward_s'),
-        measured=measured)
+        forward_gil_s=forward_gil, backward_gil_s=backward_gil,
+        busy_cores=busy_cores, measured=measured)
 
 
 # ----------------------------------------------- costs of the pieces
@@ -495,6 +581,41 @@ def host_job_parts(workload, hardware, n_devices, arrays, n_bytes):
     return reduce_s, update_s
 
 
+def host_job_gil_seconds(workload, hardware, n_devices, arrays,
+                         part=None):
+    """Seconds of a chunk's host job that hold the GIL (CPU replicas).
+
+    A host operation's cost per array (``per_array_s`` of each measured
+    operation: the update rule's Python, NumPy's dispatch) runs under the
+    GIL; its cost per byte (NumPy's loops) does not. The job's fixed cost
+    (waking the pool thread, the events) is Python too.
+
+    Args:
+        part (str or None): ``None`` for the single-node job;
+            ``'reduce'`` or ``'update'`` for the multi-node jobs (see
+            :func:`host_job_parts`).
+
+    Returns:
+        float: Seconds (0 without measured host costs).
+    """
+    ops = workload.host_ops
+    if ops is None:
+        return 0.0
+
+    def per_array(name):
+        return arrays * ops[name]['per_array_s']
+    reduce_s = 0.0
+    if n_devices > 1:
+        reduce_s = per_array('reduce2') + (n_devices - 2) * per_array(
+            'reduce_slot')
+    if part == 'reduce':
+        return (hardware.host_chunk_overhead_s + reduce_s
+                + per_array('reduce_slot'))
+    if part == 'update':
+        return per_array('update') + 2 * per_array('reduce_slot')
+    return hardware.host_chunk_overhead_s + reduce_s + per_array('update')
+
+
 def _threads_per_server(hardware):
     return max(1, hardware.host_threads // hardware.host_servers)
 
@@ -549,7 +670,10 @@ def _amdahl(t_all, t_one, cores, threads):
 
 def cpu_stage_times(workload, hardware, threads):
     """Per-stage forward and backward seconds of a CPU replica with
-    ``threads`` BLAS threads, and the cores it keeps busy.
+    ``threads`` BLAS threads, and the cores it keeps busy: measured with
+    all cores where the profile has it (``whole.busy_cores``, interpolated
+    down to 1 for fewer threads), else the cores its BLAS work would keep
+    busy by Amdahl's law.
 
     Returns:
         tuple: ``(forward list, backward list, cores busy)``.
@@ -567,6 +691,16 @@ def cpu_stage_times(workload, hardware, threads):
             busy_time += t * busy
             work_time += t
     busy = busy_time / work_time if work_time > 0 else 1.0
+    if workload.busy_cores is not None and threads > 1:
+        # Measured: OpenBLAS's idle threads spin between calls, so a
+        # replica occupies all its BLAS threads' cores, not just its BLAS
+        # share; fewer threads than cores occupy proportionally fewer.
+        cores = max(1, hardware.cores)
+        if threads >= cores or cores == 1:
+            busy = workload.busy_cores
+        else:
+            busy = 1.0 + (workload.busy_cores - 1.0) * (threads - 1) / (
+                cores - 1.0)
     return forward, backward, busy
 
 
@@ -600,6 +734,53 @@ def chunk_compute_times(workload, hardware, forward, backward, chunks):
     return chunk_forward, chunk_backward
 
 
+def chunk_gil_times(workload, hardware, chunks):
+    """GIL seconds of each chunk's forward and backward (CPU replicas).
+
+    The stages' GIL seconds (:func:`stage_gil_seconds`) plus the fixed cost
+    of a chunk, which is Python (the cut, the backward call, the hand-over).
+
+    Returns:
+        tuple of list or None: ``(forward per chunk, backward per chunk)``,
+        or ``None`` when the workload has no GIL seconds.
+    """
+    if workload.forward_gil_s is None or workload.backward_gil_s is None:
+        return None
+    forward_overhead = workload.chunk_forward_overhead_s or 0.0
+    if workload.chunk_backward_overhead_s is not None:
+        backward_overhead = workload.chunk_backward_overhead_s
+    else:
+        backward_overhead = hardware.chunk_overhead_s
+    forward = [sum(workload.forward_gil_s[a:b]) + forward_overhead
+               for a, b in chunks]
+    backward = [sum(workload.backward_gil_s[a:b]) + backward_overhead
+                for a, b in chunks]
+    return forward, backward
+
+
+def gil_demand(demands, gil_seconds, seconds):
+    """Adds a task's share of the GIL to its demands: the GIL seconds it
+    needs over its duration at full speed, at most 1."""
+    demands = dict(demands or {})
+    if gil_seconds > 0 and seconds > 0:
+        demands['gil'] = min(1.0, gil_seconds / seconds)
+    return demands
+
+
+def replica_gil_share(workload, hardware, forward, backward, chunks):
+    """The fraction of a CPU replica's compute that holds the GIL, at the
+    stage times ``forward`` and ``backward`` (0 when unknown)."""
+    gil = chunk_gil_times(workload, hardware, chunks)
+    if gil is None:
+        return 0.0
+    chunk_forward, chunk_backward = chunk_compute_times(
+        workload, hardware, forward, backward, chunks)
+    total = sum(chunk_forward) + sum(chunk_backward)
+    if total <= 0:
+        return 0.0
+    return min(1.0, (sum(gil[0]) + sum(gil[1])) / total)
+
+
 # -------------------------------------------------------- the topology
 
 def socket_of(hardware, device):
@@ -630,6 +811,8 @@ def capacities(hardware, n_devices):
             caps['peer_in[{}]'.format(i)] = hardware.peer_bw
     if hardware.kind == 'cpu':
         caps['cores'] = cpu_capacity(hardware)
+        # One interpreter lock for the replica threads and host threads.
+        caps['gil'] = 1.0
     return caps
 
 
@@ -1008,8 +1191,13 @@ def cpu_memory_demand(hardware, demands, traffic_bytes, seconds):
     return demands
 
 
-def _cpu_compute(workload, hardware, threads):
+def _cpu_compute(workload, hardware, threads, caps=None):
+    """Stage times and core demand of a CPU replica; raises the cores'
+    capacity in ``caps`` to at least what one replica keeps busy, since its
+    measured times already are those of a replica alone."""
     forward, backward, busy = cpu_stage_times(workload, hardware, threads)
+    if caps is not None and 'cores' in caps:
+        caps['cores'] = max(caps['cores'], busy)
     return forward, backward, {'cores': busy}
 
 
@@ -1050,7 +1238,7 @@ def simulate_typical(workload, hardware, n_devices, iterations=2,
         # then addgrads, update and copyparams, one after another; BLAS has
         # every core (ParallelUpdater sets no limit).
         forward, backward, demands = _cpu_compute(workload, hardware,
-                                                  hardware.cores)
+                                                  hardware.cores, sim.caps)
         f_s, b_s = _whole_model_times(workload, hardware, forward, backward)
         ops = workload.host_ops
         last = None
@@ -1155,7 +1343,7 @@ def simulate_cgdp(workload, hardware, n_devices, chunk_size, iterations=2,
     if cpu:
         threads = cpu_threads_per_replica(hardware, n_devices)
         forward, backward, compute_demands = _cpu_compute(workload, hardware,
-                                                          threads)
+                                                          threads, caps)
         host_demands = {'cores': float(_threads_per_server(hardware))}
     else:
         forward, backward = workload.forward_s, workload.backward_s
@@ -1203,6 +1391,34 @@ def simulate_cgdp(workload, hardware, n_devices, chunk_size, iterations=2,
             update_demands = [cpu_memory_demand(
                 hardware, host_demands, traffic[c][1], update_s[c])
                 for c in range(n_chunks)]
+        # The replica threads and the host threads run in one process:
+        # their Python holds one interpreter lock (see stage_gil_seconds).
+        gil = chunk_gil_times(workload, hardware, chunks)
+        if gil is not None:
+            forward_demands = [gil_demand(forward_demands[c], gil[0][c],
+                                          chunk_forward[c])
+                               for c in range(n_chunks)]
+            backward_demands = [gil_demand(backward_demands[c], gil[1][c],
+                                           chunk_backward[c])
+                                for c in range(n_chunks)]
+        host_job_demands = [gil_demand(host_job_demands[c],
+                                       host_job_gil_seconds(
+                                           workload, hardware, n_devices,
+                                           chunk_arrays[c]), host_s[c])
+                            for c in range(n_chunks)]
+        if multinode:
+            reduce_demands = [gil_demand(reduce_demands[c],
+                                         host_job_gil_seconds(
+                                             workload, hardware, n_devices,
+                                             chunk_arrays[c], 'reduce'),
+                                         reduce_s[c])
+                              for c in range(n_chunks)]
+            update_demands = [gil_demand(update_demands[c],
+                                         host_job_gil_seconds(
+                                             workload, hardware, n_devices,
+                                             chunk_arrays[c], 'update'),
+                                         update_s[c])
+                              for c in range(n_chunks)]
     sim = Simulation(caps, servers)
     params_ready = [[None] * n_chunks for _ in range(n_devices)]
     last_backward = [None] * n_devices
@@ -1410,8 +1626,13 @@ def cgdp_phases(workload, hardware, n_devices, chunk_size, n_nodes=1,
         threads = cpu_threads_per_replica(hardware, n_devices)
         forward, backward, busy = cpu_stage_times(workload, hardware,
                                                   threads)
-        # Replicas that compute at once share the cores.
-        slowdown = max(1.0, n_devices * busy / cpu_capacity(hardware))
+        # Replicas that compute at once share the cores (a replica alone
+        # runs at its measured speed) and the interpreter lock: N replicas
+        # that each hold it for a share g of their compute need N x g.
+        gil_share = replica_gil_share(workload, hardware, forward, backward,
+                                      chunks)
+        slowdown = max(1.0, n_devices * busy / max(
+            cpu_capacity(hardware), busy), n_devices * gil_share)
         forward = [slowdown * t for t in forward]
         backward = [slowdown * t for t in backward]
     else:

@@ -18,6 +18,10 @@ simulation:
   from that socket and by the host reduce/update threads.
 * ``cores`` (CPU replicas only): the cores that the replicas, the copies and
   the host threads all share.
+* ``gil`` (CPU replicas only): Python's global interpreter lock, capacity
+  one, which the replica threads and the host threads of the process hold
+  for the Python part of their work (see
+  :func:`cgdp_chainer.costmodel.stage_gil_seconds`).
 
 Compute time on a preset without a measured profile is
 ``FLOPs / (peak_flops * compute_efficiency)``; the efficiency factor of each
@@ -517,7 +521,10 @@ def this_cpu(profile):
     Compute times, copy bandwidth and the host accumulator's throughput come
     from the measured profile (see ``experiments.profile``), not from this
     object; it carries what the simulation needs about sharing: the replicas,
-    their copies and the host threads all run on ``cores`` cores.
+    their copies and the host threads all run on ``cores`` cores (of which
+    this process got ``effective_cores`` while profiling), and, being
+    threads of one process, share one interpreter lock (the simulation's
+    ``gil`` resource; the profile gives each stage's share of it).
 
     Args:
         profile (dict): A profile measured on this machine with

@@ -8,13 +8,19 @@ A profile (saved as JSON by ``python -m experiments.profile``) holds:
   replicas); parameter bytes and array counts;
 - ``chunk_overhead``: the fixed cost of one more chunk (measured on a tiny
   staged network, see :func:`measure_chunk_overhead`); ``whole``: one pass
-  of the whole model as a single chunk;
+  of the whole model as a single chunk, and on ``'@numpy'`` its
+  ``busy_cores``: the process's CPU seconds per second during that pass
+  (all BLAS threads), the cores one replica occupies;
 - ``copy``: device-to-host and host-to-device bandwidth (on ``'@numpy'``:
   memcpy bandwidth) and the latency of a small copy;
 - ``host``: the host accumulator's costs over the model's parameter arrays,
   each as ``per_array_s`` + ``per_byte_s``: the reduction of two slots into
   their mean, each further slot, a MomentumSGD update rule call, and
   ``ParallelUpdater``'s ``addgrads`` and ``copyparams`` per replica;
+- ``machine``: cores, the compute this process gets of them
+  (``effective_cores``) and, on ``'@numpy'``, ``blas_1t_flops``: one
+  thread's matrix-product rate, from which the cost model tells a stage's
+  arithmetic from the Python around it (which holds the GIL);
 - on GPUs, ``device_update_s``: MomentumSGD on the device.
 
 :func:`profile_model` and :func:`profile_replica` do the measuring for
@@ -104,8 +110,18 @@ def _stage_pass_times(stages, chunks, head, x, labels, sync):
 STATISTICS = {'median': statistics.median, 'min': min}
 
 
+def _process_cpu_seconds():
+    """CPU seconds (user + system) of every thread of this process."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on POSIX
+        return time.process_time()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _median_passes(target, configs, x, labels, sync, reps,
-                   statistic='median'):
+                   statistic='median', busy=None):
     """Per-chunk medians (or minima) of several pass configurations,
     interleaved.
 
@@ -114,23 +130,35 @@ def _median_passes(target, configs, x, labels, sync, reps,
 
     Args:
         configs (list): ``(stages, chunks, head, threads or None)`` each.
+        busy (list or None): If given, receives per configuration the
+            median of the process's CPU seconds per wall second during its
+            passes: the cores it keeps busy.
 
     Returns:
         list of tuple: ``(forward medians, backward medians)`` per config.
     """
     samples = [([], []) for _ in configs]
+    cores = [[] for _ in configs]
     for rep in range(reps + 1):
-        for (stages, chunks, head, threads), (fwd, bwd) in zip(configs,
-                                                               samples):
+        for (stages, chunks, head, threads), (fwd, bwd), used in zip(
+                configs, samples, cores):
             target.cleargrads()
             limit = _blas_limit(threads) if threads else _NullContext()
             with limit:
+                cpu_start = _process_cpu_seconds()
+                start = time.perf_counter()
                 forward, backward = _stage_pass_times(stages, chunks, head,
                                                       x, labels, sync)
+                wall = time.perf_counter() - start
+                cpu = _process_cpu_seconds() - cpu_start
             if rep > 0:  # the first repetition warms up
                 fwd.append(forward)
                 bwd.append(backward)
+                if wall > 0:
+                    used.append(cpu / wall)
     target.cleargrads()
+    if busy is not None:
+        busy[:] = [statistics.median(u) if u else None for u in cores]
     summary = STATISTICS[statistic]
     return [([summary(c) for c in zip(*fwd)],
              [summary(c) for c in zip(*bwd)])
@@ -228,8 +256,9 @@ def measure_stages(target, device, in_arrays, loss_func=None,
                (stages, [(0, n)], head, None)]
     if one_thread:
         configs.append((stages, per_stage, head, 1))
+    busy = []
     measured = _median_passes(target, configs, x, labels, sync, reps,
-                              statistic)
+                              statistic, busy=busy)
     (forward, backward), (whole_f, whole_b) = measured[:2]
     forward_1t, backward_1t = measured[2] if one_thread else (None, None)
     overhead = measure_chunk_overhead()
@@ -249,10 +278,15 @@ def measure_stages(target, device, in_arrays, loss_func=None,
             record['forward_1t_s'] = max(0.0, forward_1t[i] - overhead_f)
             record['backward_1t_s'] = max(0.0, backward_1t[i] - overhead_b)
         records.append(record)
+    whole = {'forward_s': whole_f[0], 'backward_s': whole_b[0]}
+    if not devices_module.is_gpu(device) and busy[1] is not None:
+        # Cores the replica keeps busy with all its BLAS threads: more than
+        # its BLAS share, since OpenBLAS's idle threads spin between calls.
+        whole['busy_cores'] = busy[1]
     return {'stages': records,
             'chunk_overhead': {'forward_s': overhead_f,
                                'backward_s': overhead_b},
-            'whole': {'forward_s': whole_f[0], 'backward_s': whole_b[0]}}
+            'whole': whole}
 
 
 def _stage_name(stage, index):
@@ -453,6 +487,37 @@ def measure_effective_cores(seconds=0.3):
     return min(float(cores), cores * alone / together)
 
 
+# Sides of the square float32 matrix products that measure one thread's
+# BLAS rate: from the size of a ResNet layer's product at batch 4 and 64 px
+# to one large enough to reach BLAS's peak.
+BLAS_SIZES = (256, 512, 1024)
+
+
+def measure_blas_1t_flops(sizes=BLAS_SIZES, reps=DEFAULT_REPS):
+    """FLOP/s of a float32 matrix product on one BLAS thread.
+
+    Each size is timed ``reps`` times after a warm-up (median); the
+    fastest size's rate is returned: the rate at which one core does a
+    stage's arithmetic, so that the rest of the stage's one-thread time is
+    the part that does not run in BLAS (see
+    :func:`cgdp_chainer.costmodel.stage_gil_seconds`).
+
+    Returns:
+        float: FLOP/s.
+    """
+    rng = numpy.random.RandomState(0)
+    best = 0.0
+    with _blas_limit(1):
+        for n in sizes:
+            a = rng.rand(n, n).astype(numpy.float32)
+            b = rng.rand(n, n).astype(numpy.float32)
+            out = numpy.empty((n, n), dtype=numpy.float32)
+            seconds = _median_times(lambda: numpy.dot(a, b, out=out), reps,
+                                    lambda: None)
+            best = max(best, 2.0 * n ** 3 / max(seconds, 1e-9))
+    return best
+
+
 def machine_info(device):
     """What the profile records about the machine."""
     info = {'cores': hardware_module.available_cores(),
@@ -460,6 +525,8 @@ def machine_info(device):
             'effective_cores': measure_effective_cores(),
             'load_average': list(os.getloadavg())
             if hasattr(os, 'getloadavg') else None}
+    if not devices_module.is_gpu(device):
+        info['blas_1t_flops'] = measure_blas_1t_flops()
     try:
         import threadpoolctl
         info['blas'] = [{'api': i.get('internal_api'),

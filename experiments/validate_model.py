@@ -4,16 +4,19 @@
 --net NET``):
 
 1. finds the newest ``results/<net>/*/summary.csv`` (or the one given with
-   ``--summary``, or one this script measured before); without one (or
+   ``--summary``, or one this script measured before) and takes its
+   single-process rows (a run under MPI has none); without one (or
    with ``--measure``) it runs a short
    weak-scaling measurement of both modes through
    :mod:`experiments.weak_scaling`'s functions, at that experiment's CPU
    settings, and keeps it under ``results/costmodel/validation/<net>/``;
 2. profiles this CPU with one replica (N = 1 stages) at the measurement's
    batch and image size (``experiments.profile``), saving the profile under
-   ``results/profiles/``; by default the profile keeps the fastest of its
-   repetitions, since on a shared machine the profile and the measurement
-   meet different loads and the fastest run is the least disturbed one;
+   ``results/profiles/``; the profile keeps the median of its repetitions
+   (``--statistic``), the same statistic as the measured iteration times
+   (``median_s``): the model adds up stage times, and the minimum of each
+   stage, a lower bound, under-predicts every point (``--statistic min``
+   is there for a machine shared with a varying load);
 3. predicts typical and CGDP iteration times at each measured N with the
    ``this-cpu`` preset (simulation and closed form), at the chunk size the
    measured run used;
@@ -170,6 +173,28 @@ def common_scale_error(rows):
     return factor, statistics.median(abs(r / factor - 1.0) for r in ratios)
 
 
+def describe_profile(profile, batch):
+    """One line on what the profile gives the model: a replica's compute
+    with all cores and with one thread, the share of it that holds the GIL
+    and the BLAS rate that share comes from."""
+    hw = hardware.get_hardware(hardware.CPU_PRESET, profile)
+    work = costmodel.build_workload(profile, hw, batch)
+    compute = sum(work.forward_s) + sum(work.backward_s)
+    text = 'one replica: forward + backward {:.3f} s'.format(compute)
+    if work.busy_cores is not None:
+        text += ' keeping {:.2f} cores busy'.format(work.busy_cores)
+    if work.forward_1t_s is not None:
+        one = sum(work.forward_1t_s) + sum(work.backward_1t_s)
+        text += ' ({:.3f} s on one BLAS thread)'.format(one)
+        if work.forward_gil_s is not None:
+            gil = sum(work.forward_gil_s) + sum(work.backward_gil_s)
+            text += ('; {:.3f} s of it outside BLAS, holding the GIL '
+                     '({:.0%}; one thread multiplies at {:.0f} GFLOP/s)'
+                     .format(gil, gil / one if one else 0.0,
+                             profile['machine']['blas_1t_flops'] / 1e9))
+    return text
+
+
 def format_table(rows):
     """The validation table as text."""
     header = '{:<8} {:>3} {:>5} {:>10} {:>9} {:>10} {:>10} {:>8}'.format(
@@ -212,11 +237,11 @@ def main(argv=None):
                         help='profile repetitions (median; default {})'
                         .format(PROFILE_REPS))
     parser.add_argument('--statistic', choices=('min', 'median'),
-                        default='min',
+                        default='median',
                         help='how the profile summarises its repetitions '
-                             '(default min: the least disturbed by other '
-                             'processes, since the profile and the '
-                             'measurement run at different moments)')
+                             '(default median, as the measured iteration '
+                             'times are medians; min: the least disturbed '
+                             'run, a lower bound)')
     parser.add_argument('--out', default=None,
                         help='table CSV (default results/costmodel/'
                              'validation_<net>.csv)')
@@ -238,10 +263,13 @@ def main(argv=None):
             cli.fail('no such summary file: {}'.format(summary_path))
         summary = [row for row in results.read_csv(summary_path)
                    if row['mode'] in MODES and row['n_devices'] in
-                   args.devices]
+                   args.devices and (row.get('n_ranks') or 1) == 1]
         if not summary:
-            cli.fail('{} has no typical or cgdp rows for N in {}'.format(
-                summary_path, args.devices))
+            cli.fail('{} has no single-process typical or cgdp rows for N '
+                     'in {} (a run under MPI has only multi-rank rows: '
+                     'compare with a plain make experiment NET={}, or '
+                     'measure with --measure)'.format(
+                         summary_path, args.devices, args.net))
         chunk_sizes = chunk_sizes_of_run(os.path.dirname(summary_path))
         print('comparing with {}'.format(summary_path))
     else:
@@ -294,6 +322,7 @@ def main(argv=None):
     print('{}: predicted (this-cpu preset, {} cores) against measured '
           'iteration times'.format(args.net,
                                    profile['machine']['cores']))
+    print(describe_profile(profile, batch))
     print(format_table(rows))
     verdict = 'within' if median_error <= TARGET_MEDIAN_ERROR else 'MISSES'
     print('median absolute error: {:.1%} ({} the {:.0%} target)'.format(

@@ -222,6 +222,181 @@ def test_cpu_replicas_share_the_cores():
 
 # ------------------------------------------------------------------ flops
 
+# -------------------------------------------------------------------- GIL
+
+def gil_profile(cores, gil_share, blas_rate=1e9):
+    """cpu_profile on ``cores`` cores whose stage spends ``gil_share`` of
+    its one-thread time outside BLAS: its FLOPs take the rest at
+    ``blas_rate``."""
+    profile = cpu_profile(cores)
+    stage = profile['stages'][0]
+    stage['forward_flops'] = (1.0 - gil_share) * blas_rate
+    stage['backward_flops'] = (1.0 - gil_share) * blas_rate
+    profile['machine']['blas_1t_flops'] = blas_rate
+    return profile
+
+
+def test_stage_gil_seconds():
+    # 1 s on one thread, 2 GFLOP at 4 GFLOP/s: 0.5 s of arithmetic, 0.5 s
+    # of Python; arithmetic beyond the measured time leaves none.
+    assert costmodel.stage_gil_seconds(1.0, 2e9, 4e9) == pytest.approx(0.5)
+    assert costmodel.stage_gil_seconds(0.1, 1e9, 4e9) == 0.0
+
+
+def test_workload_gil_seconds_scale_with_the_batch():
+    # Profiled at batch 1: 1 s per pass, 0.25 GFLOP per image at 1 GFLOP/s.
+    # At batch 2 the pass takes 2 s, of which 0.5 s arithmetic.
+    profile = gil_profile(cores=4, gil_share=0.75)
+    hw = hardware.get_hardware('this-cpu', profile)
+    work = costmodel.build_workload(profile, hw, 1)
+    assert work.forward_gil_s == pytest.approx([0.75])
+    assert work.backward_gil_s == pytest.approx([0.75])
+    work = costmodel.build_workload(profile, hw, 2)
+    assert work.forward_gil_s == pytest.approx([1.5])
+    # Without the BLAS rate (an older profile) the GIL is not modelled.
+    del profile['machine']['blas_1t_flops']
+    assert costmodel.build_workload(profile, hw, 1).forward_gil_s is None
+
+
+@pytest.mark.parametrize('n, expected', [(1, 2.0), (2, 3.0), (4, 6.0)])
+def test_replicas_wait_for_the_gil(n, expected):
+    # Four cores, so the cores never bind; each replica holds the GIL for
+    # 0.75 of its 2 s pass. N replicas need N x 0.75 of the GIL: above 1
+    # each runs at 1 / (N x 0.75) of its speed (N = 2: 3 s, N = 4: 6 s).
+    profile = gil_profile(cores=4, gil_share=0.75)
+    hw = hardware.get_hardware('this-cpu', profile).replace(
+        host_chunk_overhead_s=0.0)
+    work = costmodel.build_workload(profile, hw, 1)
+    assert costmodel.simulate_cgdp(work, hw, n, 1).iteration_s == \
+        pytest.approx(expected)
+    assert costmodel.cgdp_closed_form(work, hw, n, 1) == \
+        pytest.approx(expected)
+    # ParallelUpdater's single thread never waits for it.
+    assert costmodel.simulate_typical(work, hw, n).iteration_s == \
+        pytest.approx(2.0 * n)
+    # Without the GIL the four cores run up to four replicas at once.
+    del profile['machine']['blas_1t_flops']
+    work = costmodel.build_workload(profile, hw, 1)
+    assert costmodel.simulate_cgdp(work, hw, n, 1).iteration_s == \
+        pytest.approx(2.0)
+
+
+def test_measured_busy_cores_of_a_replica():
+    # 1 s per pass with both cores, 1.5 s with one: Amdahl says 1.5 cores
+    # busy; the profile measured 2 (BLAS's idle thread spins).
+    profile = cpu_profile(cores=2)
+    profile['stages'][0].update(forward_1t_s=1.5, backward_1t_s=1.5)
+    hw = hardware.get_hardware('this-cpu', profile)
+    work = costmodel.build_workload(profile, hw, 1)
+    assert costmodel.cpu_stage_times(work, hw, 2)[2] == pytest.approx(1.5)
+    profile['whole'] = {'busy_cores': 2.0}
+    work = costmodel.build_workload(profile, hw, 1)
+    assert costmodel.cpu_stage_times(work, hw, 2)[2] == pytest.approx(2.0)
+    assert costmodel.cpu_stage_times(work, hw, 1) == (
+        pytest.approx([1.5]), pytest.approx([1.5]), 1.0)
+    # Four cores measured busy, two threads: halfway between 1 and 4
+    # per thread: 1 + 3 x (2 - 1) / (4 - 1) = 2.
+    four = hw.replace(cores=4, effective_cores=4.0)
+    work.busy_cores = 4.0
+    assert costmodel.cpu_stage_times(work, four, 2)[2] == pytest.approx(2.0)
+
+
+def test_a_replica_alone_runs_at_its_measured_speed():
+    # Profiled while other load left 1.5 cores' worth, the replica kept 2
+    # busy: alone it still takes its measured 2 s (its times include the
+    # load). Two one-thread replicas (3 s each) share the 1.5 cores: 4 s.
+    profile = cpu_profile(cores=2)
+    profile['stages'][0].update(forward_1t_s=1.5, backward_1t_s=1.5)
+    profile['whole'] = {'busy_cores': 2.0}
+    profile['machine']['effective_cores'] = 1.5
+    hw = hardware.get_hardware('this-cpu', profile).replace(
+        host_chunk_overhead_s=0.0)
+    work = costmodel.build_workload(profile, hw, 1)
+    for method in (costmodel.simulate_typical, costmodel.simulate_cgdp):
+        args = (work, hw, 1) if method is costmodel.simulate_typical \
+            else (work, hw, 1, 1)
+        assert method(*args).iteration_s == pytest.approx(2.0)
+    assert costmodel.cgdp_closed_form(work, hw, 1, 1) == pytest.approx(2.0)
+    assert costmodel.simulate_cgdp(work, hw, 2, 1).iteration_s == \
+        pytest.approx(4.0)
+    assert costmodel.cgdp_closed_form(work, hw, 2, 1) == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize('busy, expected', [(None, 4.125), (2.0, 4.25)])
+def test_host_job_shares_the_cores_a_replica_keeps_busy(busy, expected):
+    # One replica on two cores, two stages of 1 s forward and 1 s backward
+    # (1.5 s each on one thread); the output stage's array costs a 0.5 s
+    # update on one core. Forward 0-2, output backward 2-3; then the update
+    # (1 core) and the input backward (Amdahl: 1.5 cores; measured: 2)
+    # share the 2 cores at 2 / 2.5 = 0.8 (or 2 / 3) of full speed: the
+    # update ends at 3.625 (3.75), the backward has 0.5 s left: 4.125
+    # (4.25).
+    profile = cpu_profile(cores=2)
+    profile['stages'] = [dict(profile['stages'][0], forward_1t_s=1.5,
+                              backward_1t_s=1.5, param_bytes=0,
+                              param_arrays=0) for _ in range(2)]
+    profile['stages'][1]['param_arrays'] = 1
+    profile['host']['ops']['update'] = {'per_array_s': 0.5,
+                                        'per_byte_s': 0.0}
+    if busy is not None:
+        profile['whole'] = {'busy_cores': busy}
+    hw = hardware.get_hardware('this-cpu', profile).replace(
+        host_chunk_overhead_s=0.0)
+    work = costmodel.build_workload(profile, hw, 1)
+    assert costmodel.simulate_cgdp(work, hw, 1, 1).iteration_s == \
+        pytest.approx(expected)
+
+
+def test_host_job_gil_seconds():
+    # Per array: update 1 ms, mean of two slots 2 ms, a further slot 0.5 ms;
+    # 10 arrays, 3 devices, 10 ms per job.
+    ops = {'update': {'per_array_s': 1e-3, 'per_byte_s': 1.0},
+           'reduce2': {'per_array_s': 2e-3, 'per_byte_s': 1.0},
+           'reduce_slot': {'per_array_s': 0.5e-3, 'per_byte_s': 1.0}}
+    work = workload([1.0], [1.0], [100])
+    work.host_ops = ops
+    hw = make_hardware(host_chunk_overhead_s=0.01)
+    assert costmodel.host_job_gil_seconds(work, hw, 3, 10) == \
+        pytest.approx(0.01 + 10 * (2e-3 + 0.5e-3) + 10 * 1e-3)
+    # One device lends its slot: no reduction.
+    assert costmodel.host_job_gil_seconds(work, hw, 1, 10) == \
+        pytest.approx(0.01 + 10 * 1e-3)
+    # Multi-node: the reduce job packs (one pass), the update job unpacks
+    # and scales (two passes).
+    assert costmodel.host_job_gil_seconds(work, hw, 3, 10, 'reduce') == \
+        pytest.approx(0.01 + 0.025 + 0.005)
+    assert costmodel.host_job_gil_seconds(work, hw, 3, 10, 'update') == \
+        pytest.approx(0.01 + 0.01)
+    work.host_ops = None
+    assert costmodel.host_job_gil_seconds(work, hw, 3, 10) == 0.0
+
+
+def test_host_job_and_replica_share_the_gil():
+    # One replica, two all-Python stages of 1 s forward and 1 s backward on
+    # four cores; the output stage's one parameter array costs a 0.5 s
+    # update, all Python. Forward 0-2, output backward 2-3; then the update
+    # and the input stage's backward share the GIL at half speed each: the
+    # update ends at 4, the backward has 0.5 s left and ends at 4.5.
+    # Without the GIL they overlap: 4.
+    profile = cpu_profile(cores=4)
+    profile['stages'] = [dict(profile['stages'][0], forward_flops=0.0,
+                              backward_flops=0.0, param_bytes=0,
+                              param_arrays=0) for _ in range(2)]
+    profile['stages'][1].update(param_bytes=4, param_arrays=1)
+    profile['host']['ops']['update'] = {'per_array_s': 0.5,
+                                        'per_byte_s': 0.0}
+    profile['machine']['blas_1t_flops'] = 1e9
+    hw = hardware.get_hardware('this-cpu', profile).replace(
+        host_chunk_overhead_s=0.0)
+    work = costmodel.build_workload(profile, hw, 1)
+    assert costmodel.simulate_cgdp(work, hw, 1, 1).iteration_s == \
+        pytest.approx(4.5)
+    del profile['machine']['blas_1t_flops']
+    work = costmodel.build_workload(profile, hw, 1)
+    assert costmodel.simulate_cgdp(work, hw, 1, 1).iteration_s == \
+        pytest.approx(4.0)
+
+
 class ConvLinear(chainer.Chain):
     """conv 3->4 (3x3, pad 1) + relu | conv 4->6 (3x3, stride 2, groups 2)
     | linear 6*4*4 -> 10; three stages."""
@@ -317,6 +492,16 @@ def test_profile_model_and_choose_chunk_size():
     assert profile['copy']['d2h_bytes_per_s'] > 0
     assert set(profile['host']['ops']) == {
         'reduce2', 'reduce_slot', 'update', 'addgrads', 'copyparams'}
+    # One thread's matrix-product rate: a real CPU does GFLOP/s; the
+    # replica keeps at least part of a core busy.
+    assert profile['machine']['blas_1t_flops'] > 1e8
+    assert 0 < profile['whole']['busy_cores'] <= profile['machine'][
+        'cpu_count'] + 0.5
+    work = costmodel.build_workload(
+        profile, hardware.get_hardware('this-cpu', profile), 2)
+    assert len(work.forward_gil_s) == 3
+    assert all(0 <= g <= t for g, t in zip(work.forward_gil_s,
+                                            work.forward_1t_s))
     size = costmodel.choose_chunk_size(profile, 2)
     assert 1 <= size <= 3
     assert costmodel.choose_chunk_size(profile, 2, 'minsky') in (1, 2, 3)
@@ -404,6 +589,8 @@ def test_validation_points_and_prediction_rows():
     assert rows[0]['error'] == pytest.approx(4.0 / 5.0 - 1.0)
     assert rows[1]['predicted_s'] == pytest.approx(4.0, rel=1e-3)
     assert 'typical' in validate_model.format_table(rows)
+    assert 'GIL (75%' in validate_model.describe_profile(
+        gil_profile(cores=1, gil_share=0.75), 1)
 
     profile = {'stages': flops.stage_costs(ConvLinear(), image_size=8),
                'batch': 1}
@@ -411,6 +598,22 @@ def test_validation_points_and_prediction_rows():
         'convlinear', profile, 'pcie3', counts=(1, 2), batches=(16,))
     assert [r['n_devices'] for r in predictions] == [1, 2]
     assert set(predictions[0]) == set(costmodel_predict.COLUMNS)
+
+
+def test_validation_refuses_a_summary_with_only_multi_rank_rows(tmp_path,
+                                                                capsys):
+    from experiments import results
+    from experiments import validate_model
+    path = tmp_path / 'summary.csv'
+    row = {'mode': 'cgdp', 'n_devices': 1, 'n_ranks': 2,
+           'batch_per_device': 4, 'image_size': 64, 'median_s': 1.0,
+           'iqr_s': 0.1, 'throughput': 8.0, 'efficiency': None,
+           'speedup_vs_typical': None}
+    results.write_csv(str(path), results.SUMMARY_COLUMNS, [row])
+    with pytest.raises(SystemExit) as info:
+        validate_model.main(['--net', 'alexnet', '--summary', str(path)])
+    assert info.value.code == 2
+    assert 'single-process' in capsys.readouterr().err
 
 
 # ------------------------------------------------------------- multi-node
