@@ -122,6 +122,7 @@ class HostAccumulator(object):
         self._weights = None
         self._sequence_base = 0
         self._sequence_next = 0
+        self._stopping = threading.Event()
 
     def start_iteration(self, iteration, shares):
         """Prepares for a new iteration.
@@ -172,7 +173,9 @@ class HostAccumulator(object):
                 self._lock.wait(poll_seconds)
 
     def close(self):
-        """Stops the host threads (waits for running tasks to end)."""
+        """Stops the host threads (waits for running tasks to end; a task
+        waiting for other ranks gives up within a fraction of a second)."""
+        self._stopping.set()
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     def _guarded(self, task, *args):
@@ -180,6 +183,8 @@ class HostAccumulator(object):
             if self.failures.failed:
                 return
             task(*args)
+        except Aborted:
+            pass
         except BaseException as error:
             self.failures.fail(error, 'host accumulator')
         finally:
@@ -245,7 +250,16 @@ class HostAccumulator(object):
             # Even a chunk without parameters takes its sequence number.
             # Host threads may finish chunks in any order; numbering them
             # from the output end makes every rank send them alike.
-            self.allreducer.start(reduced, sequence=sequence).wait()
+            handle = self.allreducer.start(reduced, sequence=sequence)
+            while True:
+                # Bounded waits: a peer rank that stopped (Ctrl-C, a failure)
+                # must not keep this thread, and so close(), waiting.
+                try:
+                    handle.wait(timeout=0.2)
+                    break
+                except TimeoutError:
+                    if self.failures.failed or self._stopping.is_set():
+                        raise Aborted()
             if self.reduction == 'mean':
                 scale = (weights[0] if equal else 1.0) / self.allreducer.size
                 for out in reduced:

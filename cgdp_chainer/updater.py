@@ -240,12 +240,18 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         # resume) gives every replica the same dropout masks again.
         plan.seeds = numpy.random.randint(0, 2 ** 31 - 1, size=n).tolist()
         self._accumulator.start_iteration(self.iteration, shares)
-        with self._blas_limiter:
-            for worker, sub_batch in zip(self._workers, shares_batches):
-                worker.jobs.put((plan, sub_batch))
-            plan.wait_workers(self._failures)
-            if not self._failures.failed:
-                self._accumulator.wait()
+        try:
+            with self._blas_limiter:
+                for worker, sub_batch in zip(self._workers, shares_batches):
+                    worker.jobs.put((plan, sub_batch))
+                plan.wait_workers(self._failures)
+                if not self._failures.failed:
+                    self._accumulator.wait()
+        except BaseException as interruption:  # Ctrl-C while waiting
+            # Every thread stops at its next check; the caller gets the
+            # interruption and finalize() ends the threads.
+            self._failures.fail(interruption, 'caller')
+            raise
         sync_end = timeline.now() if timeline is not None else None
         if self._failures.failed:
             self._stop_threads()

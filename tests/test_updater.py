@@ -497,7 +497,9 @@ def test_auto_chunk_size_search_trains_exactly_like_fixed_chunks():
     # The trial iterations are real training steps: any chunk size gives
     # the same parameters, so the searched run equals a fixed-size run.
     base = L.Classifier(staged_models.StagedMLP())
-    iterations = 12
+    # More than the search's budget (4 sizes x 3 iterations for 7 stages),
+    # so the last iterations run with the chosen size.
+    iterations = 16
     expected = train(copy.deepcopy(base), 'momentum', cgdp(2, chunk_size=1),
                      iterations=iterations, data=staged_models.dataset(n=96))
     model = copy.deepcopy(base)
@@ -558,3 +560,48 @@ def test_dropout_with_replica_threads_is_repeatable():
                           data=data))
     for name in runs[0]:
         numpy.testing.assert_array_equal(runs[0][name], runs[1][name])
+
+
+class _InterruptAt(chainer.Link):
+    """A stage that interrupts the main thread (as Ctrl-C does) once."""
+
+    def __init__(self, at_call):
+        super(_InterruptAt, self).__init__()
+        self.at_call = at_call
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == self.at_call:
+            import _thread
+            _thread.interrupt_main()
+        return x
+
+
+def test_ctrl_c_during_update_stops_every_thread():
+    before = threading.active_count()
+
+    class Interrupted(staged_models.StagedMLP):
+        def __init__(self):
+            super(Interrupted, self).__init__()
+            with self.init_scope():
+                self.interrupt = _InterruptAt(at_call=-1)
+
+        @property
+        def stages(self):
+            stages = super(Interrupted, self).stages
+            return stages[:2] + [self.interrupt] + stages[2:]
+
+    model = L.Classifier(Interrupted())
+    optimizer = setup_optimizer('momentum', model)
+    iterator = chainer.iterators.SerialIterator(
+        staged_models.dataset(), BATCH, shuffle=False)
+    updater = cgdp_chainer.CGDPUpdater(iterator, optimizer, ['@numpy'] * 2,
+                                       chunk_size=2)
+    updater._replicas[1].predictor.interrupt.at_call = 2
+    with pytest.raises(KeyboardInterrupt):
+        for _ in range(5):
+            updater.update()
+    updater.finalize()
+    assert updater.iteration == 1
+    assert threading.active_count() == before
