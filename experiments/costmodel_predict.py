@@ -177,7 +177,9 @@ def plot_efficiency(rows, nets, presets, path, batch=FIGURE_BATCH):
             ax.set_xticklabels([str(c) for c in counts])
             ax.set_ylim(0, 1.1)
             ax.grid(alpha=0.3)
-            if i == 0:
+            if i == 0 or not axes[i - 1][j].get_visible():
+                # The topmost drawn panel of a column names its preset
+                # (this-cpu has rows only for profiled networks).
                 ax.set_title(preset, fontsize=9)
             if j == 0:
                 ax.set_ylabel('{}\nefficiency'.format(net), fontsize=8)
