@@ -27,7 +27,7 @@ import numpy
 import cgdp_chainer
 from cgdp_chainer import accumulator as accumulator_module
 from cgdp_chainer import datasets
-from cgdp_chainer import transfer as transfer_module
+from cgdp_chainer.runtime import transfer as transfer_module
 
 
 def _updater(mode, model, n_devices, batch, image_size, timeline=None):

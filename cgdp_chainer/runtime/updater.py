@@ -15,7 +15,7 @@ from cgdp_chainer import accumulator as accumulator_module
 from cgdp_chainer import chunking
 from cgdp_chainer import devices as devices_module
 from cgdp_chainer import randomness
-from cgdp_chainer import transfer as transfer_module
+from cgdp_chainer.runtime import transfer as transfer_module
 
 REDUCTIONS = ('mean', 'sum')
 CHUNK_SIZE_MODES = ('auto', 'model')
