@@ -1,0 +1,742 @@
+"""Per-parameter gradient readiness during one ordinary backward pass.
+
+Chainer 7.8.1 sets a leaf's gradient only at the very end of
+``Variable.backward()`` (``chainer/_backprop.py``, ``_backprop_to_all``), so
+no public hook sees a parameter's gradient while the backward runs. This
+module runs the same traversal (on Chainer's own ``_backprop_utils``:
+``GradTable`` and ``backprop_step``, visited in the same rank order) and
+hands a parameter over the moment the backward of its last consumer (a
+function node taking it as an input) has run. Chainer is pinned at its last
+release, so depending on these internals is safe; ``tests/test_readiness.py``
+checks them so that a change would be caught.
+
+On top of the ready order:
+
+- :class:`ChunkPlan` groups consecutive layers (links that own parameters)
+  in backward order into chunks, by count, by bytes or by explicit
+  boundaries, from the first iteration's ready order.
+- :class:`ChunkWaitHook` makes the next forward of a layer wait only for its
+  own chunk's new weights.
+- :func:`refuse_loss_scaling` and the traversal's own checks refuse what a
+  per-parameter hand-over cannot support (``F.forget``, loss scaling).
+- :func:`initialize_from_first_batch` initializes lazy parameters exactly as
+  ``StandardUpdater`` would.
+"""
+import collections
+import hashlib
+import heapq
+import json
+import warnings
+
+import chainer
+from chainer import _backprop_utils
+from chainer import backend
+from chainer.functions.util import forget as forget_module
+import chainerx
+
+
+BackwardReport = collections.namedtuple('BackwardReport', ['order', 'unused'])
+BackwardReport.__doc__ = """What one readiness backward saw.
+
+Attributes:
+    order (tuple of str): Every parameter name once, in the order
+        ``on_ready`` was called (the unused ones first).
+    unused (tuple of str): The names of parameters that were not in this
+        iteration's graph, in the order of the model's parameters.
+"""
+
+
+def owner_of(name):
+    """The path of the link that directly owns a parameter.
+
+    Args:
+        name (str): A parameter path as ``Link.namedparams()`` gives it,
+            e.g. ``'/predictor/l1/W'``.
+
+    Returns:
+        str: The owning link's path as ``Link.namedlinks()`` gives it,
+        e.g. ``'/predictor/l1'``; ``'/'`` for a parameter registered on the
+        root link itself.
+    """
+    owner = name.rsplit('/', 1)[0]
+    return owner or '/'
+
+
+class UnsupportedGraphError(RuntimeError):
+    """The graph holds something a per-parameter hand-over cannot support."""
+
+
+class ReadinessBackward(object):
+
+    """``loss.backward()`` that reports each parameter as soon as it is final.
+
+    Built once per replica from its named parameters; :meth:`backward` then
+    runs once per iteration.
+
+    Args:
+        named_params (iterable of (str, chainer.Parameter)): The parameters
+            to watch, e.g. ``replica.namedparams()``. A Parameter reachable
+            under two names (assigned to two links) is reported under both.
+
+    Raises:
+        ValueError: A name is repeated or an item is not a
+            ``(str, chainer.Variable)`` pair.
+    """
+
+    def __init__(self, named_params):
+        params = []
+        seen = set()
+        for item in named_params:
+            if (not isinstance(item, tuple) or len(item) != 2
+                    or not isinstance(item[0], str)
+                    or not isinstance(item[1], chainer.Variable)):
+                raise ValueError(
+                    'named_params must yield (name, chainer.Parameter) '
+                    'pairs, as Link.namedparams() does; got {!r}'.format(
+                        item))
+            if item[0] in seen:
+                raise ValueError(
+                    'named_params repeats the name {!r}; each parameter '
+                    'name must be unique'.format(item[0]))
+            seen.add(item[0])
+            params.append(item)
+        self._params = tuple(params)
+
+    @property
+    def names(self):
+        """tuple of str: The watched parameter names, in the given order."""
+        return tuple(name for name, _ in self._params)
+
+    def backward(self, loss, on_ready, retain_grad=False):
+        """Runs ``loss.backward(retain_grad)``, reporting ready parameters.
+
+        Sets exactly the gradients ``loss.backward()`` sets, in the same
+        order of accumulation (so bitwise the same), accumulating into a
+        gradient a parameter already has, and freeing intermediate gradients
+        unless ``retain_grad``. Function hooks run as in
+        ``loss.backward()``.
+
+        Args:
+            loss (chainer.Variable): The variable to backpropagate from; a
+                scalar whose ``grad`` is ``None`` starts from 1, as in
+                ``Variable.backward``.
+            on_ready (callable): ``on_ready(name, used)``, called once per
+                watched parameter. First, before any backward computation,
+                for every parameter not in this graph, with ``used=False``
+                (its gradient is whatever it held before: ``None`` after
+                ``cleargrads()``); then, with ``used=True``, as soon as the
+                backward of the parameter's last consumer has run, when
+                ``param.grad_var`` holds its final gradient. Runs in the
+                calling thread; an exception from it stops the backward
+                and propagates.
+            retain_grad (bool): As in ``Variable.backward``.
+
+        Returns:
+            BackwardReport: The ready order and the unused names.
+
+        Raises:
+            UnsupportedGraphError: The graph holds ``F.forget`` (its
+                backward recomputes the forward and sets the inner
+                parameters' gradients behind the traversal), or a parameter
+                received a gradient from outside the traversal.
+            ValueError: ``loss`` is not a Variable, holds a ChainerX array,
+                or ``on_ready`` is not callable.
+        """
+        if not isinstance(loss, chainer.Variable):
+            raise ValueError('loss must be a chainer.Variable, not {}'.format(
+                type(loss).__name__))
+        if not callable(on_ready):
+            raise ValueError('on_ready must be callable as '
+                             'on_ready(name, used)')
+        if loss.xp is chainerx:
+            raise ValueError(
+                'loss holds a ChainerX array; the readiness backward '
+                'supports NumPy and CuPy arrays only')
+
+        names_of = {}
+        for name, param in self._params:
+            names_of.setdefault(param.node, []).append(name)
+        params_of = {name: param for name, param in self._params}
+
+        _start_gradient(loss)
+        root = loss.node
+        root_grad = loss.grad_var
+        loss.grad_var = None
+
+        consumers = _count_consumers(root, names_of)
+        order = []
+        unused = []
+        unused_grads = {}
+        for name, param in self._params:
+            if param.node not in consumers:
+                unused.append(name)
+                unused_grads[name] = param.grad_var
+                order.append(name)
+                on_ready(name, False)
+
+        def ready(node, grad):
+            # One node may be listed under several names (a Parameter
+            # assigned to two links): one object, set once.
+            name = names_of[node][0]
+            param = params_of[name]
+            if param.grad_var is not None:
+                raise UnsupportedGraphError(_outside_message(name))
+            param.grad_var = grad
+            for name in names_of[node]:
+                order.append(name)
+                on_ready(name, True)
+
+        with chainer.using_config('enable_backprop', False):
+            _traverse(root, root_grad, retain_grad, consumers, ready)
+
+        for name in unused:
+            if params_of[name].grad_var is not unused_grads[name]:
+                raise UnsupportedGraphError(_outside_message(name))
+        return BackwardReport(tuple(order), tuple(unused))
+
+
+def _outside_message(name):
+    return (
+        'parameter {} received a gradient from outside the graph traversal '
+        '(a function whose backward runs a backward of its own, as F.forget '
+        'does); the readiness backward cannot tell when it is final'.format(
+            name))
+
+
+def _start_gradient(loss):
+    # As Variable.backward: a one-element loss without a gradient starts
+    # from ones.
+    if loss.array.size == 1 and loss.grad_var is None:
+        if loss.array.ndim != 0:
+            warnings.warn(
+                'Treating a variable with only one element as a scalar in '
+                'the readiness backward is deprecated, as in '
+                'Variable.backward; apply chainer.functions.squeeze.',
+                DeprecationWarning)
+        with chainer.using_device(loss.device):
+            loss.grad = loss.device.xp.ones_like(loss.array)
+
+
+def _count_consumers(root, names_of):
+    """Counts, per watched parameter node, the function nodes taking it.
+
+    Only the inputs that require a gradient are followed, as the backward
+    follows only those.
+
+    Returns:
+        dict: Parameter node to the number of distinct consuming functions.
+    """
+    counts = {}
+    if root.creator_node is None:
+        return counts
+    seen = {root.creator_node}
+    stack = [root.creator_node]
+    while stack:
+        func = stack.pop()
+        if isinstance(func, forget_module.Forget):
+            raise UnsupportedGraphError(
+                'the graph holds F.forget ({}): its backward recomputes the '
+                'forward and runs a backward of its own, which sets the '
+                'gradients of the parameters inside it behind the readiness '
+                'traversal; call the function without F.forget'.format(
+                    func.label))
+        for x in dict.fromkeys(func.inputs):
+            if not x.requires_grad:
+                continue
+            creator = x.creator_node
+            if creator is None:
+                if x in names_of:
+                    counts[x] = counts.get(x, 0) + 1
+            elif creator not in seen:
+                seen.add(creator)
+                stack.append(creator)
+    return counts
+
+
+def _traverse(root, root_grad, retain_grad, consumers, ready):
+    """Chainer 7.8.1's ``_backprop_to_all`` for one output, handing each
+    watched leaf to ``ready(node, grad)`` after its last consumer.
+
+    The visiting order, the gradient table and each step are Chainer's, so
+    every gradient is accumulated in the same order as in
+    ``loss.backward()``.
+    """
+    remaining = dict(consumers)
+    cand_funcs = []
+    seen_set = set()
+
+    def add_cand(cand):
+        if cand not in seen_set:
+            # Negated rank: heapq is a min-heap and the deepest goes first.
+            heapq.heappush(cand_funcs, (-cand.rank, len(seen_set), cand))
+            seen_set.add(cand)
+
+    grads = _backprop_utils.GradTable(accumulate_grad_inputs=True)
+    leaf_nodes = set()
+
+    grads.accumulate(root, root_grad)
+    if root.creator_node is None:
+        leaf_nodes.add(root)
+    else:
+        add_cand(root.creator_node)
+
+    is_debug = chainer.is_debug()
+    base_hooks = chainer.get_function_hooks().values()
+    while cand_funcs:
+        _, _, func = heapq.heappop(cand_funcs)
+        inputs = func.inputs
+        target_input_indexes = tuple([
+            i for i, x in enumerate(inputs) if x.requires_grad])
+        outputs = [y() for y in func.outputs]  # weak references
+        out_grad = tuple([
+            grads.pop(y) if y is not None and y.creator_node is not None
+            else None for y in outputs])
+        if not target_input_indexes:
+            continue
+
+        in_data = [x.data for x in inputs]
+        out_grad_array = [None if g is None else g.raw_array
+                          for g in out_grad]
+        local_hooks = func.local_function_hooks
+        if local_hooks:
+            hooks = collections.OrderedDict(chainer.get_function_hooks())
+            hooks.update(local_hooks)
+            hooks = hooks.values()
+        else:
+            hooks = base_hooks
+
+        with chainer.using_device(
+                backend.get_device_from_array(*(in_data + out_grad_array))):
+            for hook in hooks:
+                hook.backward_preprocess(
+                    func, tuple(in_data), tuple(out_grad_array))
+
+            # An ordered dict, as Chainer keeps it, for the same order of
+            # accumulation.
+            in_grad = collections.OrderedDict()
+            for i in target_input_indexes:
+                x = inputs[i]
+                if x not in in_grad:
+                    in_grad[x] = grads.get_as_list(x)
+
+            _backprop_utils.backprop_step(
+                func, target_input_indexes, out_grad, in_grad, is_debug)
+
+            for hook in hooks:
+                hook.backward_postprocess(
+                    func, tuple(in_data), tuple(out_grad_array))
+
+        if retain_grad:
+            for y, gy in zip(outputs, out_grad):
+                if y is not None:
+                    y._set_grad_var_if_available(gy)
+            del gy
+        del out_grad
+
+        finished = []
+        for x, gx in in_grad.items():
+            if x in remaining:
+                remaining[x] -= 1
+                if remaining[x] == 0:
+                    finished.append(x)
+            if not gx:
+                continue
+            for gx_elem in gx:
+                if gx_elem is not None:
+                    chainer.variable._check_grad_type(
+                        func, x, True, gx_elem.raw_array)
+            del gx_elem
+            if x.creator_node is None:
+                if x not in remaining:
+                    leaf_nodes.add(x)
+            else:
+                add_cand(x.creator_node)
+        del gx, in_grad
+
+        for x in finished:
+            del remaining[x]
+            ready(x, grads.pop(x))
+
+    for x in leaf_nodes:
+        x_var = x.get_variable_or_none()
+        gx = grads.pop(x)
+        if x_var is not None:
+            x_var.grad_var = gx
+    # Watched parameters whose consumers were never visited (a gradient of
+    # None cut their branch off) are final now, as in loss.backward().
+    for x in list(remaining):
+        ready(x, grads.pop(x))
+    grads.assert_no_grads()
+
+
+def refuse_loss_scaling(optimizer):
+    """Refuses an optimizer set up for loss scaling.
+
+    Loss scaling divides each gradient by the scale inside the update rule,
+    reading a per-parameter factor that only ``Variable.backward(
+    loss_scale=...)`` sets; the readiness backward does not scale.
+
+    Args:
+        optimizer (chainer.Optimizer): The optimizer to check.
+
+    Raises:
+        ValueError: ``optimizer.loss_scaling()`` or ``set_loss_scale()``
+            was called on it (``StandardUpdater(loss_scale=...)`` does the
+            latter).
+    """
+    # Chainer has no public getter; ``_loss_scale`` is the class attribute
+    # (None) that loss_scaling() overrides, in the pinned 7.8.1.
+    scale = getattr(optimizer, '_loss_scale', None)
+    if scale is not None:
+        raise ValueError(
+            'loss scaling is not supported by the readiness backward: the '
+            'optimizer has loss_scale {} (set by loss_scaling(), '
+            'set_loss_scale() or an updater\'s loss_scale); use an optimizer '
+            'without loss scaling'.format(scale))
+
+
+class ChunkPlan(object):
+
+    """Chunks of consecutive layers in backward order, fixed after the first
+    iteration.
+
+    A layer is a link that directly owns parameters (a parameter registered
+    on a Chain makes that Chain a layer). Layers are ordered by when their
+    last parameter became ready; layers entirely unused in the first
+    iteration go last (the input side), so that using them later never
+    delays an earlier chunk. A chunk is complete when all its parameters are
+    ready.
+
+    Build with :meth:`from_ready_order`.
+
+    Args:
+        layers (sequence of sequence of (str, sequence of str)): Per chunk,
+            in backward order, its layers as ``(layer path, parameter
+            names)``.
+
+    Attributes:
+        chunks (tuple of tuple of str): Per chunk, its parameter names.
+        layers (tuple of tuple of str): Per chunk, its layer paths.
+        n_chunks (int): The number of chunks.
+        chunk_of (dict): Parameter name to chunk index.
+        chunk_of_layer (dict): Layer path to chunk index.
+        fingerprint (str): A compact description to compare between
+            replicas and MPI ranks: equal fingerprints mean equal plans.
+    """
+
+    def __init__(self, layers):
+        self._layers = tuple(
+            tuple((path, tuple(names)) for path, names in chunk)
+            for chunk in layers)
+        if not self._layers or not all(self._layers):
+            raise ValueError('a chunk plan needs at least one chunk and no '
+                             'empty chunk')
+        self.chunks = tuple(
+            tuple(name for _, names in chunk for name in names)
+            for chunk in self._layers)
+        self.layers = tuple(
+            tuple(path for path, _ in chunk) for chunk in self._layers)
+        self.n_chunks = len(self.chunks)
+        self.chunk_of = {name: i for i, chunk in enumerate(self.chunks)
+                         for name in chunk}
+        self.chunk_of_layer = {path: i for i, chunk in enumerate(self.layers)
+                               for path in chunk}
+        digest = hashlib.sha256(json.dumps(
+            [[[path, list(names)] for path, names in chunk]
+             for chunk in self._layers]).encode('utf-8')).hexdigest()
+        self.fingerprint = '{} chunks of {} layers, sha256 {}'.format(
+            self.n_chunks, '+'.join(str(len(c)) for c in self.layers),
+            digest[:16])
+
+    def __eq__(self, other):
+        return isinstance(other, ChunkPlan) and self._layers == other._layers
+
+    def __ne__(self, other):
+        return not self == other
+
+    def __hash__(self):
+        return hash(self._layers)
+
+    def __repr__(self):
+        return '<ChunkPlan {}>'.format(self.fingerprint)
+
+    @classmethod
+    def from_ready_order(cls, order, unused=(), chunk_size=None,
+                         chunk_bytes=None, boundaries=None, nbytes=None):
+        """Forms chunks from one iteration's ready order.
+
+        Give exactly one of ``chunk_size``, ``chunk_bytes`` and
+        ``boundaries``.
+
+        Args:
+            order (sequence of str): Every parameter name once, in ready
+                order (:attr:`BackwardReport.order`).
+            unused (sequence of str): The names unused in that iteration
+                (:attr:`BackwardReport.unused`).
+            chunk_size (int): Layers per chunk, counted from the output end;
+                a shorter remainder is the last (input-side) chunk.
+            chunk_bytes (int): DDP-like buckets: consecutive layers are
+                added to a chunk until its parameters hold at least this
+                many bytes.
+            boundaries (sequence of int): Layer indices, in backward order,
+                at which a new chunk starts (strictly increasing, each in
+                ``1 .. n_layers - 1``).
+            nbytes (dict): Parameter name to its size in bytes; needed with
+                ``chunk_bytes`` (see :func:`parameter_nbytes`).
+
+        Returns:
+            ChunkPlan: The plan.
+
+        Raises:
+            ValueError: None or several of the options, a value out of
+                range, a name repeated in ``order``, an unused name missing
+                from it, or ``nbytes`` missing a name.
+        """
+        order = tuple(order)
+        if len(set(order)) != len(order):
+            raise ValueError('order must name every parameter once')
+        if not order:
+            raise ValueError('order is empty: the model has no parameters')
+        unused = set(unused)
+        missing = unused.difference(order)
+        if missing:
+            raise ValueError('unused names not in order: {}'.format(
+                ', '.join(sorted(missing))))
+        given = [n for n, v in (('chunk_size', chunk_size),
+                                ('chunk_bytes', chunk_bytes),
+                                ('boundaries', boundaries)) if v is not None]
+        if len(given) != 1:
+            raise ValueError(
+                'give exactly one of chunk_size (layers per chunk), '
+                'chunk_bytes (bytes per chunk) or boundaries (layer indices); '
+                'got {}'.format(', '.join(given) or 'none'))
+
+        layers = _layers_in_backward_order(order, unused)
+        n_layers = len(layers)
+        if chunk_size is not None:
+            if (isinstance(chunk_size, bool)
+                    or not isinstance(chunk_size, int) or chunk_size < 1):
+                raise ValueError('chunk_size must be a positive int (layers '
+                                 'per chunk), not {!r}'.format(chunk_size))
+            starts = list(range(0, n_layers, chunk_size))
+        elif chunk_bytes is not None:
+            if (isinstance(chunk_bytes, bool)
+                    or not isinstance(chunk_bytes, int) or chunk_bytes < 1):
+                raise ValueError('chunk_bytes must be a positive int, not '
+                                 '{!r}'.format(chunk_bytes))
+            if nbytes is None:
+                raise ValueError('chunk_bytes needs nbytes, a mapping of '
+                                 'parameter name to bytes')
+            lacking = [n for n in order if n not in nbytes]
+            if lacking:
+                raise ValueError('nbytes lacks {}'.format(
+                    ', '.join(lacking)))
+            starts = [0]
+            filled = 0
+            for i, (_, names) in enumerate(layers):
+                if filled >= chunk_bytes:
+                    starts.append(i)
+                    filled = 0
+                filled += sum(nbytes[n] for n in names)
+        else:
+            starts = [0] + list(boundaries)
+            if any(isinstance(b, bool) or not isinstance(b, int)
+                   for b in starts) or any(
+                       b <= a for a, b in zip(starts, starts[1:])) or (
+                           starts[-1] >= n_layers):
+                raise ValueError(
+                    'boundaries must be strictly increasing layer indices in '
+                    '1 .. {} (the model has {} layers), not {!r}'.format(
+                        n_layers - 1, n_layers, list(boundaries)))
+        ends = starts[1:] + [n_layers]
+        return cls([layers[a:b] for a, b in zip(starts, ends)])
+
+    def check_same(self, fingerprints, what='replica'):
+        """Checks that every replica or rank formed this plan.
+
+        Args:
+            fingerprints (sequence of str): :attr:`fingerprint` of each
+                replica or rank, e.g. from ``comm.allgather``.
+            what (str): What each entry is, for the message.
+
+        Raises:
+            RuntimeError: Some fingerprint differs from this plan's.
+        """
+        differing = [i for i, f in enumerate(fingerprints)
+                     if f != self.fingerprint]
+        if differing:
+            raise RuntimeError(
+                'the chunk plans differ: {} {} formed {!r}, this one {!r}; '
+                'every {} must see the same first-iteration graph'.format(
+                    what, differing[0], fingerprints[differing[0]],
+                    self.fingerprint, what))
+
+
+def _layers_in_backward_order(order, unused):
+    position = {}
+    members = collections.OrderedDict()
+    for i, name in enumerate(order):
+        owner = owner_of(name)
+        members.setdefault(owner, []).append(name)
+        if name not in unused:
+            position[owner] = i
+    used = sorted((p for p in members if p in position),
+                  key=lambda p: position[p])
+    idle = [p for p in members if p not in position]
+    return [(p, tuple(members[p])) for p in used + idle]
+
+
+def parameter_nbytes(named_params):
+    """Bytes of each parameter, for :meth:`ChunkPlan.from_ready_order`.
+
+    Args:
+        named_params (iterable of (str, chainer.Parameter)): E.g.
+            ``model.namedparams()``.
+
+    Returns:
+        dict: Name to ``param.array.nbytes``.
+
+    Raises:
+        ValueError: A parameter is not initialized yet.
+    """
+    sizes = {}
+    for name, param in named_params:
+        if param.array is None:
+            raise ValueError('parameter {} is not initialized; its size is '
+                             'unknown'.format(name))
+        sizes[name] = param.array.nbytes
+    return sizes
+
+
+class ChunkWaitHook(chainer.LinkHook):
+
+    """Makes a layer's forward wait for its own chunk's new weights.
+
+    Fires before every call of a link that directly owns parameters (a link
+    called twice, as with tied weights, waits each time, which returns at
+    once the second time); Chains without parameters of their own and links
+    without parameters never wait. A Chain's own parameters are waited for
+    when the Chain is called.
+
+    Use it either registered on the owning links (:meth:`install`, which
+    works in any thread) or as a context manager around the forward
+    (``with hook:``; Chainer keeps such hooks per thread).
+
+    Parameters used outside a call of their owning link (e.g.
+    ``F.linear(x, self.l.W)`` in a parent's ``forward``) are not covered:
+    their owner's call is what waits.
+
+    Args:
+        model (chainer.Link): The replica whose forward waits.
+        plan (ChunkPlan): The chunks.
+        wait (callable): ``wait(chunk_index)``; blocks until that chunk's
+            new weights are in place.
+
+    Raises:
+        ValueError: A layer of ``model`` is not in ``plan`` (a plan of
+            another model), or ``wait`` is not callable.
+    """
+
+    name = 'ChunkWaitHook'
+
+    def __init__(self, model, plan, wait):
+        if not callable(wait):
+            raise ValueError('wait must be callable as wait(chunk_index)')
+        self._wait = wait
+        self._chunk_of_link = {}
+        for path, link in model.namedlinks():
+            own = [n for n, _ in link.namedparams() if n.count('/') == 1]
+            if not own:
+                continue
+            if path not in plan.chunk_of_layer:
+                raise ValueError(
+                    'layer {} of the model is not in the chunk plan ({}); '
+                    'the plan must come from this model\'s parameter '
+                    'names'.format(path, plan.fingerprint))
+            self._chunk_of_link[link] = plan.chunk_of_layer[path]
+        self._installed = []
+
+    def chunk_of(self, link):
+        """The chunk a link's call waits for, or ``None`` if it never waits.
+
+        Args:
+            link (chainer.Link): A link of the model.
+        """
+        return self._chunk_of_link.get(link)
+
+    def install(self):
+        """Registers this hook on every link that owns parameters."""
+        if self._installed:
+            raise RuntimeError('ChunkWaitHook is already installed')
+        for link in self._chunk_of_link:
+            link.add_hook(self)
+            self._installed.append(link)
+
+    def uninstall(self):
+        """Removes this hook from the links :meth:`install` registered it on.
+        """
+        for link in self._installed:
+            link.delete_hook(self.name)
+        self._installed = []
+
+    def forward_preprocess(self, args):
+        chunk = self._chunk_of_link.get(args.link)
+        if chunk is not None:
+            self._wait(chunk)
+
+
+def has_uninitialized_params(link):
+    """Whether a link holds parameters still waiting for their first input.
+
+    Args:
+        link (chainer.Link): E.g. the master model.
+
+    Returns:
+        bool: ``True`` if any parameter's array is ``None``.
+    """
+    return any(param.array is None for param in link.params())
+
+
+def initialize_from_first_batch(lossfun, in_arrays):
+    """Runs the loss forward once on the master with the whole first batch.
+
+    This is what ``StandardUpdater`` does at its first iteration, so lazy
+    parameters (``L.Linear(None, n)``) get exactly its values: initializers
+    draw from NumPy's global random state in call order, and anything else
+    drawing from it in the forward (``F.dropout``'s mask, sized by the
+    batch) sits between those draws, so only the whole batch reproduces the
+    order and amounts of drawing. The global random state afterwards is also
+    the one ``StandardUpdater`` leaves.
+
+    Side effects are ``StandardUpdater``'s first forward's: the loss
+    function reports its observations (``main/loss``) into the current
+    reporter scope and BatchNormalization updates the master's running
+    statistics once (the updater later copies the first replica's over
+    them).
+
+    Args:
+        lossfun (callable): The loss function, e.g. the master model
+            (``optimizer.target``), as ``StandardUpdater``'s ``loss_func``.
+        in_arrays (tuple, dict or array): The converted first batch, as the
+            converter returns it: a tuple is passed as positional arguments,
+            a dict as keyword arguments, anything else as one argument.
+
+    Returns:
+        chainer.Variable: The loss with its graph (on the master's
+        parameters), e.g. to report as ``main/loss`` for
+        ``extensions.DumpGraph('main/loss')``.
+
+    Raises:
+        ValueError: ``lossfun`` does not return a chainer.Variable.
+    """
+    with chainer.using_config('train', True):
+        if isinstance(in_arrays, tuple):
+            loss = lossfun(*in_arrays)
+        elif isinstance(in_arrays, dict):
+            loss = lossfun(**in_arrays)
+        else:
+            loss = lossfun(in_arrays)
+    if not isinstance(loss, chainer.Variable):
+        raise ValueError('the loss function must return a chainer.Variable, '
+                         'not {}'.format(type(loss).__name__))
+    return loss
