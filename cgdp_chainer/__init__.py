@@ -2,3 +2,14 @@
 from cgdp_chainer import _compat  # NOQA: must run before Chainer is imported
 from cgdp_chainer.timeline import Timeline  # NOQA
 from cgdp_chainer.runtime.updater import CGDPUpdater  # NOQA
+from cgdp_chainer.runtime import updater as _updater
+
+
+def _model_chunk_chooser():
+    # The cost model sits above the runtime: it is imported only when a
+    # user asks for chunk_size='model'.
+    from cgdp_chainer import costmodel
+    return costmodel.ModelChunkChooser()
+
+
+_updater.register_chunk_size_policy('model', _model_chunk_chooser)

@@ -98,3 +98,143 @@ def dataset(n=24, n_in=6, n_classes=5, seed=1):
     x = rng.normal(size=(n, n_in)).astype(numpy.float32)
     t = rng.randint(0, n_classes, size=n).astype(numpy.int32)
     return chainer.datasets.TupleDataset(x, t)
+
+
+class Plain(chainer.Chain):
+    """StagedMLP's layers behind an ordinary forward, with no stages."""
+
+    def __init__(self):
+        super(Plain, self).__init__()
+        with self.init_scope():
+            self.mlp = StagedMLP()
+
+    def forward(self, x):
+        return self.mlp(x)
+
+
+class RaiseAt(chainer.Link):
+    """A stage that raises at its ``at_call``-th call on one replica."""
+
+    def __init__(self, at_call=-1, replica=None):
+        super(RaiseAt, self).__init__()
+        self.at_call = at_call
+        self.replica = replica
+        self.calls = 0
+
+    def forward(self, x):
+        from cgdp_chainer.runtime import worker
+        if worker.replica_index() != self.replica:
+            return x
+        self.calls += 1
+        if self.calls == self.at_call:
+            raise RuntimeError('injected stage failure')
+        return x
+
+
+class FaultyMLP(StagedMLP):
+    """StagedMLP with a :class:`RaiseAt` stage in its middle."""
+
+    def __init__(self, at_call=-1, replica=None):
+        super(FaultyMLP, self).__init__()
+        with self.init_scope():
+            self.fault = RaiseAt(at_call, replica)
+
+    @property
+    def stages(self):
+        stages = super(FaultyMLP, self).stages
+        return stages[:3] + [self.fault] + stages[3:]
+
+
+class _SlowBackward(chainer.FunctionNode):
+    """Identity whose backward takes ``seconds``."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def forward(self, inputs):
+        return inputs[0].copy(),
+
+    def backward(self, indexes, grad_outputs):
+        import time
+        time.sleep(self.seconds)
+        return grad_outputs[0],
+
+
+class SlowBackwardStage(chainer.Link):
+    """A stage whose backward sleeps (to make a chunk's backward long)."""
+
+    def __init__(self, seconds):
+        super(SlowBackwardStage, self).__init__()
+        self.seconds = seconds
+
+    def forward(self, x):
+        return _SlowBackward(self.seconds).apply((x,))[0]
+
+
+class SlowInputSideMLP(StagedMLP):
+    """StagedMLP whose second stage (in chunk 0 for chunk sizes of 2 or
+    more) has a slow backward."""
+
+    def __init__(self, seconds=0.3):
+        super(SlowInputSideMLP, self).__init__()
+        with self.init_scope():
+            self.slow = SlowBackwardStage(seconds)
+
+    @property
+    def stages(self):
+        stages = super(SlowInputSideMLP, self).stages
+        return stages[:1] + [self.slow] + stages[1:]
+
+
+class SlowLaterStage(chainer.Link):
+    """A stage whose forward sleeps from its second call on."""
+
+    def __init__(self, seconds):
+        super(SlowLaterStage, self).__init__()
+        self.seconds = seconds
+        self.calls = 0
+
+    def forward(self, x):
+        import time
+        self.calls += 1
+        if self.calls > 1:
+            time.sleep(self.seconds)
+        return x
+
+
+class SlowLaterMLP(StagedMLP):
+    """StagedMLP whose iterations after the first last ``seconds`` more."""
+
+    def __init__(self, seconds):
+        super(SlowLaterMLP, self).__init__()
+        with self.init_scope():
+            self.slow = SlowLaterStage(seconds)
+
+    @property
+    def stages(self):
+        return [self.slow] + super(SlowLaterMLP, self).stages
+
+
+class BlasProbe(chainer.Link):
+    """Reports the BLAS threads of the replica that runs it."""
+
+    def forward(self, x):
+        import threadpoolctl
+        threads = [info['num_threads'] for info in
+                   threadpoolctl.threadpool_info()
+                   if info.get('user_api') == 'blas']
+        chainer.report({'blas_threads': float(max(threads))}, self)
+        return x
+
+
+class ProbedMLP(StagedMLP):
+    """StagedMLP with a :class:`BlasProbe` stage first."""
+
+    def __init__(self):
+        super(ProbedMLP, self).__init__()
+        with self.init_scope():
+            self.probe = BlasProbe()
+
+    @property
+    def stages(self):
+        return [self.probe] + super(ProbedMLP, self).stages

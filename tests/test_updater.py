@@ -1,7 +1,9 @@
 """CGDPUpdater: equivalence with one device and with ParallelUpdater,
 Trainer integration, snapshots, failures and bad input."""
 import copy
+import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -83,15 +85,21 @@ def cgdp(n, **kwargs):
     return make
 
 
+WORKERS = ['process', 'thread']
+
+
+@pytest.mark.parametrize('workers', WORKERS)
 @pytest.mark.parametrize('optimizer_kind', ['momentum', 'adam',
                                             'momentum+decay'])
 @pytest.mark.parametrize('n_devices', [1, 2, 3])
-def test_mean_equals_one_device_on_whole_batch(optimizer_kind, n_devices):
+def test_mean_equals_one_device_on_whole_batch(optimizer_kind, n_devices,
+                                               workers):
     base = L.Classifier(staged_models.StagedMLP())
     expected = train(copy.deepcopy(base), optimizer_kind, standard)
     for chunk_size in (1, 3, 7):
         actual = train(copy.deepcopy(base), optimizer_kind,
-                       cgdp(n_devices, chunk_size=chunk_size))
+                       cgdp(n_devices, chunk_size=chunk_size,
+                            workers=workers))
         assert_same_params(expected, actual)
     # Guard against a vacuous comparison: training changed the parameters.
     initial = {n: p.array for n, p in base.namedparams()}
@@ -101,11 +109,13 @@ def test_mean_equals_one_device_on_whole_batch(optimizer_kind, n_devices):
 @pytest.mark.parametrize('optimizer_kind', ['momentum', 'adam',
                                             'momentum+decay'])
 @pytest.mark.parametrize('n_devices', [2, 3])
-def test_sum_equals_parallel_updater(optimizer_kind, n_devices):
+@pytest.mark.parametrize('workers', WORKERS)
+def test_sum_equals_parallel_updater(optimizer_kind, n_devices, workers):
     base = L.Classifier(staged_models.StagedMLP())
     expected = train(copy.deepcopy(base), optimizer_kind, parallel(n_devices))
     actual = train(copy.deepcopy(base), optimizer_kind,
-                   cgdp(n_devices, chunk_size=2, reduction='sum'))
+                   cgdp(n_devices, chunk_size=2, reduction='sum',
+                        workers=workers))
     assert_same_params(expected, actual)
 
 
@@ -166,16 +176,7 @@ def test_whole_gradient_hook_updates_after_last_chunk():
 
 
 def test_model_without_stages_is_one_chunk_with_a_warning():
-    class Plain(chainer.Chain):
-        def __init__(self):
-            super(Plain, self).__init__()
-            with self.init_scope():
-                self.mlp = staged_models.StagedMLP()
-
-        def forward(self, x):
-            return self.mlp(x)
-
-    base = L.Classifier(Plain())
+    base = L.Classifier(staged_models.Plain())
     expected = train(copy.deepcopy(base), 'momentum', standard)
     with pytest.warns(UserWarning, match='no stages'):
         actual = train(copy.deepcopy(base), 'momentum', cgdp(2))
@@ -205,16 +206,16 @@ def test_a_model_from_models_package():
         rng.normal(size=(8, 3, 64, 64)).astype(numpy.float32),
         rng.randint(0, 10, 8).astype(numpy.int32))
     # Dropout draws different masks on different replicas, so it is off
-    # here (globally: the device workers' threads read the global config).
-    chainer.global_config.train = False
-    try:
+    # here; the replicas take the caller's configuration, in threads and in
+    # worker processes alike.
+    with chainer.using_config('train', False):
         expected = train(copy.deepcopy(base), 'momentum', standard, batch=4,
                          data=data)
-        actual = train(copy.deepcopy(base), 'momentum', cgdp(2, chunk_size=3),
-                       batch=4, data=data)
-    finally:
-        chainer.global_config.train = True
-    assert_same_params(expected, actual, rtol=1e-4, atol=1e-5)
+        for workers in WORKERS:
+            actual = train(copy.deepcopy(base), 'momentum',
+                           cgdp(2, chunk_size=3, workers=workers),
+                           batch=4, data=data)
+            assert_same_params(expected, actual, rtol=1e-4, atol=1e-5)
 
 
 def test_trainer_reports_loss_accuracy_and_evaluates(tmp_path):
@@ -299,33 +300,6 @@ def test_snapshot_resume_in_fresh_process_is_exact(tmp_path):
         numpy.testing.assert_array_equal(resumed[name], uninterrupted[name])
 
 
-class _RaiseAt(chainer.Link):
-    """A stage that raises on one replica at one call."""
-
-    def __init__(self, at_call):
-        super(_RaiseAt, self).__init__()
-        self.at_call = at_call
-        self.calls = 0
-
-    def forward(self, x):
-        self.calls += 1
-        if self.calls == self.at_call:
-            raise RuntimeError('injected stage failure')
-        return x
-
-
-class _FaultyMLP(staged_models.StagedMLP):
-    def __init__(self):
-        super(_FaultyMLP, self).__init__()
-        with self.init_scope():
-            self.fault = _RaiseAt(at_call=-1)
-
-    @property
-    def stages(self):
-        return super(_FaultyMLP, self).stages[:3] + [self.fault] + \
-            super(_FaultyMLP, self).stages[3:]
-
-
 def _run_until_error(updater, iterations=5):
     outcome = {}
 
@@ -344,24 +318,32 @@ def _run_until_error(updater, iterations=5):
     return outcome.get('error')
 
 
-def test_failure_in_a_device_worker_surfaces_with_traceback():
+@pytest.mark.parametrize('workers', WORKERS)
+def test_failure_in_a_replica_surfaces_with_traceback(workers):
     before = threading.active_count()
-    model = L.Classifier(_FaultyMLP())
+    # Replica 1 raises in its second iteration.
+    model = L.Classifier(staged_models.FaultyMLP(at_call=2, replica=1))
     optimizer = setup_optimizer('momentum', model)
     iterator = chainer.iterators.SerialIterator(
         staged_models.dataset(), BATCH, shuffle=False)
     updater = cgdp_chainer.CGDPUpdater(iterator, optimizer, ['@numpy'] * 3,
-                                       chunk_size=2)
-    updater._replicas[1].predictor.fault.at_call = 2  # device 1, iteration 2
+                                       chunk_size=2, workers=workers)
     error = _run_until_error(updater)
     assert isinstance(error, RuntimeError)
     assert 'injected stage failure' in str(error)
-    frames = [frame.name for frame in
-              __import__('traceback').extract_tb(error.__traceback__)]
-    assert 'forward' in frames  # the stage's own frame is kept
-    assert any('device worker 1' in note for note in error.__notes__)
+    if workers == 'thread':
+        frames = [frame.name for frame in
+                  __import__('traceback').extract_tb(error.__traceback__)]
+        assert 'forward' in frames  # the stage's own frame is kept
+    else:
+        # The worker's traceback text, down to the stage's own frame.
+        assert 'Traceback' in str(error)
+        assert 'in forward' in str(error)
+        assert 'staged_models.py' in str(error)
+    assert any('replica 1 (@numpy)' in note for note in error.__notes__)
     assert updater.iteration == 1
     assert threading.active_count() == before
+    assert multiprocessing.active_children() == []
 
 
 def test_failure_in_the_host_update_surfaces_and_stops_threads():
@@ -387,6 +369,7 @@ def test_failure_in_the_host_update_surfaces_and_stops_threads():
     assert 'injected host failure' in str(error)
     assert any('host accumulator' in note for note in error.__notes__)
     assert threading.active_count() == before
+    assert multiprocessing.active_children() == []
     with pytest.raises(RuntimeError, match='finalized or stopped'):
         updater.update()
 
@@ -396,8 +379,9 @@ def _updater(devices=('@numpy', '@numpy'), batch=BATCH, **kwargs):
     optimizer = setup_optimizer('momentum', model)
     iterator = chainer.iterators.SerialIterator(
         staged_models.dataset(), batch, shuffle=False)
-    return cgdp_chainer.CGDPUpdater(iterator, optimizer, list(devices),
-                                    **kwargs)
+    if isinstance(devices, tuple):
+        devices = list(devices)
+    return cgdp_chainer.CGDPUpdater(iterator, optimizer, devices, **kwargs)
 
 
 @pytest.mark.parametrize('kwargs, message', [
@@ -410,16 +394,28 @@ def _updater(devices=('@numpy', '@numpy'), batch=BATCH, **kwargs):
     (dict(chunk_size='fastest'), "unknown chunk_size 'fastest'"),
     (dict(chunk_size=[1, 3]), 'starting at 0'),
     (dict(reduction='max'), "unknown reduction 'max'"),
+    (dict(devices=None), 'devices must be a list'),
+    (dict(devices=3), 'devices must be a list'),
+    (dict(host_threads=0), 'host_threads must be a positive integer'),
+    (dict(host_threads=1.5), 'host_threads must be a positive integer'),
+    (dict(blas_threads=0), 'blas_threads must be a positive integer'),
+    (dict(workers='fiber'), "unknown workers 'fiber'; valid: process, "
+                            'thread'),
+    (dict(start_method='fork'), "unknown start_method 'fork'"),
+    (dict(timeline='trace.json'), 'timeline must be a cgdp_chainer'),
+    (dict(converter='concat'), 'converter must be callable'),
+    (dict(loss_func='mse'), 'loss_func must be callable'),
 ])
 def test_bad_input_is_refused_before_training(kwargs, message):
     with pytest.raises(ValueError, match=message):
         _updater(**kwargs)
 
 
-def test_timeline_records_every_phase_and_exports_a_trace(tmp_path):
+@pytest.mark.parametrize('workers', WORKERS)
+def test_timeline_records_every_phase_and_exports_a_trace(tmp_path, workers):
     import json
     timeline = cgdp_chainer.Timeline()
-    updater = _updater(chunk_size=2, timeline=timeline)
+    updater = _updater(chunk_size=2, timeline=timeline, workers=workers)
     for _ in range(2):
         updater.update()
     updater.finalize()
@@ -430,18 +426,59 @@ def test_timeline_records_every_phase_and_exports_a_trace(tmp_path):
         assert ('host', kind) in kinds
     chunks = {e.chunk for e in timeline.events if e.kind == 'backward'}
     assert chunks == set(range(len(updater.chunks)))
-    for event in timeline.events:
-        assert event.end >= event.start
     summaries = timeline.iteration_summaries
     assert [s['iteration'] for s in summaries] == [0, 1]
     for s in summaries:
-        assert 0 <= s['exposed_sync'] <= s['duration']
-        assert 0 < s['compute'] <= s['duration']
+        events = timeline.events_of(s['iteration'])
+        # Every event of an iteration lies inside its update() call.
+        for event in events:
+            assert s['start'] <= event.start <= event.end <= s['end']
+        # The summary is derived from the events: compute is the mean per
+        # device of forward + backward time, and the exposed sync runs from
+        # the last backward to (at least) the last publish.
+        per_device = [sum(e.end - e.start for e in events
+                          if e.device == d and e.kind in ('forward',
+                                                          'backward'))
+                      for d in (0, 1)]
+        assert s['compute'] == pytest.approx(sum(per_device) / 2)
+        last_backward = max(e.end for e in events if e.kind == 'backward')
+        last_publish = max(e.end for e in events
+                           if e.device == 'host' and e.kind == 'h2d')
+        assert s['exposed_sync'] >= last_publish - last_backward - 1e-9
+        assert s['exposed_sync'] <= s['end'] - last_backward + 1e-9
     path = tmp_path / 'trace.json'
     timeline.export_chrome_trace(str(path))
     trace = json.loads(path.read_text())
     assert len(trace['traceEvents']) == len(timeline.events)
     assert {e['ph'] for e in trace['traceEvents']} == {'X'}
+    assert {e['tid'] for e in trace['traceEvents']} == {
+        'host', 'device 0', 'device 1'}
+
+
+@pytest.mark.parametrize('workers', WORKERS)
+def test_host_update_of_output_chunk_overlaps_the_input_chunk_backward(
+        workers):
+    # Chunk 0's backward is made long; the host must update the output-side
+    # chunk while the replicas are still in it: the overlap CGDP is for.
+    timeline = cgdp_chainer.Timeline()
+    model = L.Classifier(staged_models.SlowInputSideMLP(seconds=0.3))
+    optimizer = setup_optimizer('momentum', model)
+    iterator = chainer.iterators.SerialIterator(
+        staged_models.dataset(), BATCH, shuffle=False)
+    updater = cgdp_chainer.CGDPUpdater(
+        iterator, optimizer, ['@numpy'] * 2, chunk_size=3,
+        timeline=timeline, workers=workers)
+    updater.update()
+    updater.finalize()
+    assert len(updater.chunks) == 3
+    events = timeline.events_of(0)
+    output_chunk = len(updater.chunks) - 1
+    update_end = [e.end for e in events if e.device == 'host'
+                  and e.kind == 'update' and e.chunk == output_chunk]
+    chunk0_backward_end = [e.end for e in events
+                           if e.kind == 'backward' and e.chunk == 0]
+    assert len(update_end) == 1 and len(chunk0_backward_end) == 2
+    assert update_end[0] < min(chunk0_backward_end)
 
 
 def test_host_reduction_order_within_a_chunk_backward_is_per_chunk():
@@ -518,10 +555,10 @@ def test_auto_chunk_size_search_trains_exactly_like_fixed_chunks():
     updater.finalize()
     actual = {n: p.array.copy() for n, p in model.namedparams()}
     assert_same_params(expected, actual)
-    assert updater._search.done
-    assert updater.chunk_size == updater._search.best
+    assert updater.chunk_size_search.done
+    assert updater.chunk_size == updater.chunk_size_search.best
     assert 1 <= updater.chunk_size <= updater.n_stages
-    assert len({size for size, _ in updater._search.history}) >= 2
+    assert len({size for size, _ in updater.chunk_size_search.history}) >= 2
     assert observed[-1] == updater.chunk_size
 
 
@@ -562,46 +599,34 @@ def test_dropout_with_replica_threads_is_repeatable():
         numpy.testing.assert_array_equal(runs[0][name], runs[1][name])
 
 
-class _InterruptAt(chainer.Link):
-    """A stage that interrupts the main thread (as Ctrl-C does) once."""
-
-    def __init__(self, at_call):
-        super(_InterruptAt, self).__init__()
-        self.at_call = at_call
-        self.calls = 0
-
-    def forward(self, x):
-        self.calls += 1
-        if self.calls == self.at_call:
-            import _thread
-            _thread.interrupt_main()
-        return x
+def _interrupt_soon(seconds):
+    """Sends SIGINT to this process (as Ctrl-C does) after ``seconds``."""
+    timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    return timer
 
 
-def test_ctrl_c_during_update_stops_every_thread():
+@pytest.mark.parametrize('workers', WORKERS)
+def test_ctrl_c_during_update_stops_every_thread_and_worker(workers):
     before = threading.active_count()
-
-    class Interrupted(staged_models.StagedMLP):
-        def __init__(self):
-            super(Interrupted, self).__init__()
-            with self.init_scope():
-                self.interrupt = _InterruptAt(at_call=-1)
-
-        @property
-        def stages(self):
-            stages = super(Interrupted, self).stages
-            return stages[:2] + [self.interrupt] + stages[2:]
-
-    model = L.Classifier(Interrupted())
+    # The first iteration is quick, the second lasts seconds: Ctrl-C comes
+    # while it runs.
+    model = L.Classifier(staged_models.SlowLaterMLP(seconds=3.0))
     optimizer = setup_optimizer('momentum', model)
     iterator = chainer.iterators.SerialIterator(
         staged_models.dataset(), BATCH, shuffle=False)
     updater = cgdp_chainer.CGDPUpdater(iterator, optimizer, ['@numpy'] * 2,
-                                       chunk_size=2)
-    updater._replicas[1].predictor.interrupt.at_call = 2
-    with pytest.raises(KeyboardInterrupt):
-        for _ in range(5):
+                                       chunk_size=2, workers=workers)
+    updater.update()
+    timer = _interrupt_soon(0.5)
+    try:
+        with pytest.raises(KeyboardInterrupt):
             updater.update()
+    finally:
+        timer.cancel()
     updater.finalize()
     assert updater.iteration == 1
     assert threading.active_count() == before
+    assert multiprocessing.active_children() == []
+    with pytest.raises(RuntimeError, match='finalized or stopped'):
+        updater.update()

@@ -157,13 +157,14 @@ class ReadinessBackward(object):
         for name, param in self._params:
             names_of.setdefault(param.node, []).append(name)
         params_of = {name: param for name, param in self._params}
+        # Counting first refuses an unsupported graph before any work.
+        consumers = _count_consumers(loss.node, names_of)
 
         _start_gradient(loss)
         root = loss.node
         root_grad = loss.grad_var
         loss.grad_var = None
 
-        consumers = _count_consumers(root, names_of)
         order = []
         unused = []
         unused_grads = {}
@@ -445,7 +446,7 @@ class ChunkPlan(object):
             [[[path, list(names)] for path, names in chunk]
              for chunk in self._layers]).encode('utf-8')).hexdigest()
         self.fingerprint = '{} chunks of {} layers, sha256 {}'.format(
-            self.n_chunks, '+'.join(str(len(c)) for c in self.layers),
+            self.n_chunks, _runs([len(c) for c in self.layers]),
             digest[:16])
 
     def __eq__(self, other):
@@ -570,6 +571,18 @@ class ChunkPlan(object):
                 'every {} must see the same first-iteration graph'.format(
                     what, differing[0], fingerprints[differing[0]],
                     self.fingerprint, what))
+
+
+def _runs(counts):
+    # '10x3+1' for [10, 10, 10, 1]: short even for hundreds of chunks.
+    parts = []
+    for count in counts:
+        if parts and parts[-1][0] == count:
+            parts[-1][1] += 1
+        else:
+            parts.append([count, 1])
+    return '+'.join(str(c) if n == 1 else '{}x{}'.format(c, n)
+                    for c, n in parts)
 
 
 def _layers_in_backward_order(order, unused):

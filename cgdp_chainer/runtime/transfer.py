@@ -1,15 +1,22 @@
 """Moving gradient chunks to the host and new weights back, per device kind.
 
-Two transfer classes share one interface, so the device workers and the host
-accumulator never branch on the device kind:
+The transfer classes share one interface, so the replica workers and the
+host accumulator never branch on the device kind or the worker kind:
 
-- :class:`HostResidentTransfer` for ``'@numpy'`` replicas, whose memory is
-  host memory already: gradients are handed over by reference and replicas
-  read the master's parameter arrays directly, so no bytes are copied.
-- :class:`CudaTransfer` for ``'@cupy:N'`` replicas: pinned host buffers
-  allocated once, one copy stream each way, and CUDA events so that the copies
-  overlap the next chunk's backward and a chunk's next forward waits for its
-  own parameters only.
+- :class:`HostResidentTransfer` for ``'@numpy'`` replicas in threads of the
+  user's process: gradients are handed over by reference and replicas read
+  the master's parameter arrays directly, so no bytes are copied.
+- :class:`SharedSlotTransfer` for ``'@numpy'`` replicas in worker processes:
+  replicas read the master's arrays, which live in shared memory, and copy
+  each chunk's gradients into their own shared slots.
+- :class:`CudaTransfer` for ``'@cupy:N'`` replicas, in a thread or a worker
+  process: pinned (or page-locked shared) host buffers allocated once, one
+  copy stream each way, and CUDA events so that the copies overlap the next
+  chunk's backward and a chunk's next forward waits for its own parameters
+  only.
+
+On the host side of a worker process, :class:`WorkerPort` offers the same
+``slots`` / ``wait_grads`` / ``publish`` to the accumulator.
 """
 import numpy
 
@@ -81,7 +88,7 @@ class CudaTransfer(object):
 
     is_gpu = True
 
-    def __init__(self, master_params, replica_params, device):
+    def __init__(self, master_params, replica_params, device, slots=None):
         import cupy
         import cupyx
         self._cupy = cupy
@@ -91,9 +98,11 @@ class CudaTransfer(object):
         with cupy.cuda.Device(device.device.id):
             self.d2h_stream = cupy.cuda.Stream(non_blocking=True)
             self.h2d_stream = cupy.cuda.Stream(non_blocking=True)
-            self.slots = {
-                name: cupyx.empty_pinned(p.array.shape, p.array.dtype)
-                for name, p in master_params.items()}
+            if slots is None:
+                slots = {
+                    name: cupyx.empty_pinned(p.array.shape, p.array.dtype)
+                    for name, p in master_params.items()}
+            self.slots = slots
         self._params_ready = {}
 
     def send_grads(self, names):
@@ -145,6 +154,117 @@ class CudaTransfer(object):
         self.d2h_stream.synchronize()
         self.h2d_stream.synchronize()
         self._params_ready = {}
+
+
+class SharedSlotTransfer(object):
+    """A ``'@numpy'`` replica in a worker process: it reads the master's
+    shared arrays (its parameters are views of them) and copies each chunk's
+    gradients into its shared slots.
+
+    Args:
+        replica_params (dict): Parameter path -> the replica's parameter.
+        slots (dict): Parameter path -> this replica's shared gradient slot.
+    """
+
+    is_gpu = False
+
+    def __init__(self, replica_params, slots):
+        self.replica_params = replica_params
+        self.slots = slots
+
+    def send_grads(self, names):
+        """Copies the gradients of ``names`` into the slots (zeros for a
+        parameter that took no part in the loss). Returns None: done."""
+        for name in names:
+            grad = self.replica_params[name].grad
+            if grad is None:
+                self.slots[name].fill(0)
+            else:
+                numpy.copyto(self.slots[name], grad)
+        return None
+
+    def publish(self, chunk, names):
+        """Nothing to copy: the replica reads the master's shared arrays."""
+
+    def wait_params(self, chunk):
+        """The host publishes a chunk before the next iteration starts."""
+
+    def record(self):
+        return None
+
+    def close(self):
+        self.slots = {}
+
+
+class SharedMaster(object):
+    """The master's parameter arrays as views of one shared arena.
+
+    Update rules that rebind a parameter's array instead of writing in place
+    are followed by :meth:`sync`, which copies the new values back into the
+    arena, so workers always read the current weights.
+
+    Args:
+        master_params (dict): Parameter path -> master parameter.
+        arrays (dict): Parameter path -> its shared array.
+    """
+
+    def __init__(self, master_params, arrays):
+        self.master_params = master_params
+        self.arrays = arrays
+        for name, param in master_params.items():
+            shared = arrays[name]
+            shared[...] = param.array
+            param.array = shared
+
+    def sync(self, names):
+        for name in names:
+            param = self.master_params[name]
+            shared = self.arrays[name]
+            if param.array is not shared:
+                shared[...] = param.array
+                param.array = shared
+
+    def release(self):
+        """Gives the master private copies of its arrays again (before the
+        arena is closed: the user keeps the trained model)."""
+        for name, param in self.master_params.items():
+            if param.array is self.arrays[name]:
+                param.array = param.array.copy()
+            if param.grad is not None and param.grad.base is not None:
+                # A replica's shared slot lent as the gradient (one device).
+                param.grad = param.grad.copy()
+        self.arrays = {}
+
+
+class WorkerPort(object):
+    """The host's side of one worker process, for the host accumulator.
+
+    Args:
+        slots (dict): Parameter path -> the worker's shared gradient slot,
+            as mapped in the user's process.
+        master (SharedMaster): The master's shared arrays.
+        send (callable or None): Sends a message to the worker; given for
+            GPU workers, which copy a chunk in as soon as it is published.
+    """
+
+    is_gpu = False
+
+    def __init__(self, slots, master, send=None):
+        self.slots = slots
+        self._master = master
+        self._send = send
+
+    def wait_grads(self, ready):
+        """The worker announced the chunk after its copy was complete."""
+
+    def publish(self, chunk, names):
+        """Makes the new values of ``names`` visible to the worker."""
+        self._master.sync(names)
+        if self._send is not None:
+            self._send(('published', chunk, list(names)))
+
+    def close(self):
+        self.slots = {}
 
 
 def pin_master(master_params):

@@ -1,8 +1,7 @@
 """CGDPUpdater: CPU-GPU data parallel training as a Chainer updater."""
+import collections
 import copy
-import os
-import queue
-import threading
+import numbers
 import time
 import warnings
 
@@ -12,13 +11,34 @@ from chainer.training.updaters import standard_updater
 import numpy
 
 from cgdp_chainer import accumulator as accumulator_module
+from cgdp_chainer import blas
 from cgdp_chainer import chunking
 from cgdp_chainer import devices as devices_module
-from cgdp_chainer import randomness
-from cgdp_chainer.runtime import transfer as transfer_module
+from cgdp_chainer.runtime import channels
+from cgdp_chainer.runtime import worker as worker_module
 
 REDUCTIONS = ('mean', 'sum')
-CHUNK_SIZE_MODES = ('auto', 'model')
+WORKER_KINDS = channels.WORKER_KINDS
+
+# Named chunk-size policies that need more than the runtime: higher layers
+# register them (the cost model registers 'model' in cgdp_chainer/__init__),
+# so that the runtime never imports them. 'auto' is the runtime's own.
+_CHUNK_SIZE_POLICIES = collections.OrderedDict()
+
+
+def register_chunk_size_policy(name, make_chooser):
+    """Makes ``chunk_size=name`` mean ``chunk_size=make_chooser()``.
+
+    Args:
+        name (str): The policy's name.
+        make_chooser (callable): Returns a chooser (see ``CGDPUpdater``).
+    """
+    _CHUNK_SIZE_POLICIES[name] = make_chooser
+
+
+def chunk_size_policies():
+    """Names that ``chunk_size`` accepts as a string."""
+    return ('auto',) + tuple(_CHUNK_SIZE_POLICIES)
 
 
 class CGDPUpdater(standard_updater.StandardUpdater):
@@ -40,13 +60,22 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     to the master, so evaluation and snapshots use the first replica's, as
     with ``ParallelUpdater``, whose main model is the first device's.
 
+    By default every replica runs in a worker process of its own
+    (``workers='process'``), so that Chainer's Python work runs in parallel;
+    the master's parameters and the gradient slots live in shared memory.
+    The model (and ``loss_func``) must then be picklable, and a script that
+    trains must guard its code with ``if __name__ == '__main__':``, since
+    the workers import the script's module. ``workers='thread'`` runs the
+    replicas as threads of this process instead (they then share the
+    interpreter lock). Worker processes start at the first ``update()``
+    and stay until :meth:`finalize`.
+
     Chunks come from the ``stages`` of the target, or of its ``predictor``
     for a :class:`~chainer.links.Classifier` (see ``docs/INTERFACES.md``).
     A target without stages is one chunk: it trains correctly, without
-    overlap. On ``'@numpy'`` replicas the hand-over costs no copy (replicas
-    read the master's arrays and lend their gradient arrays); each replica
-    thread then gets ``blas_threads`` BLAS threads, since replicas that all
-    use every core slow each other down.
+    overlap. ``'@numpy'`` replicas read the master's arrays; each gets
+    ``blas_threads`` BLAS threads, since replicas that all use every core
+    slow each other down.
 
     Args:
         iterator: Dataset iterator for the training dataset (or a dict with
@@ -55,41 +84,55 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             its hooks and state live on the host.
         devices (str or sequence): Device specifiers, one per replica:
             ``'@numpy'`` (may repeat) or ``'@cupy:N'``.
-        chunk_size (int, sequence, str): Stages per chunk; or the stage
-            indices at which chunks start; or ``'auto'`` (the runtime search
-            times the first iterations with growing chunk sizes and keeps the
-            fastest) or ``'model'`` (chosen by the cost model from a profile
-            of the first batch).
+        chunk_size (int, sequence, str or callable): Stages per chunk; or
+            the stage indices at which chunks start; or ``'auto'`` (the
+            runtime search times the first iterations with growing chunk
+            sizes and keeps the fastest) or ``'model'`` (chosen by the cost
+            model from a profile of the first batch); or a chooser,
+            ``chooser(replica, device, in_arrays, n_devices, loss_func,
+            host_threads, workers) -> int``, called once before the first
+            iteration on a copy of the model.
         reduction (str): ``'mean'``: the result equals one device training
             on the whole batch (``StandardUpdater``); ``'sum'``: it equals
             ``ParallelUpdater``.
-        converter: Converter for each device's share of the batch.
+        converter: Converter for each device's share of the batch; it is
+            called in this process with the CPU device, and the arrays are
+            sent to the replica's device there.
         loss_func (callable): For a staged target: ``loss_func(y, *labels)``
             computes the loss from the last stage's output (defaults to the
             target's ``head`` or its Classifier loss). For a target without
             stages: ``loss_func(*in_arrays)``, as in ``StandardUpdater``.
         timeline (cgdp_chainer.Timeline): Records every event if given.
-        blas_threads (int or None): BLAS threads while ``'@numpy'`` replicas
-            compute; default: CPU cores divided by the number of replicas.
-        host_threads (int or None): Threads of the host accumulator.
+        blas_threads (int or None): BLAS threads of each ``'@numpy'``
+            replica; default: CPU cores divided by the CPU replicas.
+        host_threads (int or None): Threads of the host accumulator;
+            default: CPU cores, at most 4.
         mpi_comm: An mpi4py communicator: chunks are also summed across
             ranks (one process per node), see :mod:`cgdp_chainer.mpi`.
         auto_new_epoch (bool): As in ``StandardUpdater``.
+        workers (str): ``'process'`` or ``'thread'``.
+        start_method (str): How worker processes start: ``'spawn'`` or
+            ``'forkserver'``.
     """
 
     def __init__(self, iterator, optimizer, devices, chunk_size=1,
                  reduction='mean', converter=convert.concat_examples,
                  loss_func=None, timeline=None, blas_threads=None,
-                 host_threads=None, mpi_comm=None, auto_new_epoch=True):
+                 host_threads=None, mpi_comm=None, auto_new_epoch=True,
+                 workers='process', start_method='spawn'):
+        _check_arguments(devices, reduction, timeline, blas_threads,
+                         host_threads, workers, start_method, converter,
+                         loss_func)
         super(CGDPUpdater, self).__init__(
             iterator, optimizer, converter=converter, loss_func=loss_func,
             auto_new_epoch=auto_new_epoch)
         self._devices = devices_module.parse_devices(devices)
-        if reduction not in REDUCTIONS:
-            raise ValueError('unknown reduction {!r}; valid: {}'.format(
-                reduction, ', '.join(REDUCTIONS)))
         self.reduction = reduction
         self.timeline = timeline
+        self.workers = workers
+        self._start_method = start_method
+        self._blas_threads = blas_threads
+        self._host_threads = host_threads or max(1, min(4, blas.cpu_cores()))
         batch_size = getattr(self.get_iterator('main'), 'batch_size', None)
         if batch_size is not None and batch_size < len(self._devices):
             raise ValueError(
@@ -105,49 +148,32 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                 '{} has no stages: CGDP trains it as one chunk, so the '
                 'sync cannot overlap the backward'.format(
                     type(master).__name__), stacklevel=2)
-            self._head = None
         else:
-            self._head = chunking.find_head(master, loss_func)
+            chunking.find_head(master, loss_func)  # fails early if none
             if len(self._stages) == 0:
                 raise ValueError('{} has an empty stage list'.format(
                     type(master).__name__))
         self._search = None
-        self._requested_chunk_size = chunk_size
+        self._chooser = None
         self._set_chunk_size(self._initial_chunk_size(chunk_size))
 
-        allreducer = None
-        self._mpi_comm = mpi_comm
+        self._allreducer = None
         if mpi_comm is not None:
             from cgdp_chainer import mpi
             mpi.check_consistency(mpi_comm, master, optimizer)
             # Every rank starts from rank 0's weights, before replicas are
             # copied from the master.
             mpi.broadcast_parameters(mpi_comm, master)
-            allreducer = mpi.ChunkAllreducer(mpi_comm)
-        self._allreducer = allreducer
+            self._allreducer = mpi.ChunkAllreducer(mpi_comm)
 
+        if workers == 'process':
+            channels.check_picklable(master, loss_func)
         self._failures = accumulator_module.FailureBox()
-        self._replicas = []
-        self._transfers = []
-        master_params = dict(master.namedparams())
-        if any(devices_module.is_gpu(d) for d in self._devices):
-            transfer_module.pin_master(master_params)
-        for device in self._devices:
-            replica = copy.deepcopy(master)
-            replica.to_device(device)
-            self._replicas.append(replica)
-            self._transfers.append(transfer_module.make_transfer(
-                device, master_params, dict(replica.namedparams())))
-        self._accumulator = accumulator_module.HostAccumulator(
-            optimizer, self._transfers, self._chunk_names, reduction,
-            self._failures, n_threads=host_threads, timeline=timeline,
-            allreducer=allreducer)
-        self._blas_limiter = _BlasLimiter(self._devices, blas_threads)
-        self._workers = [
-            _DeviceWorker(i, device, replica, transfer, self)
-            for i, (device, replica, transfer) in enumerate(
-                zip(self._devices, self._replicas, self._transfers))]
-        self._started = False
+        self._replicas = None
+        self._accumulator = None
+        self._refresh_persistents = False
+        self._has_persistents = any(
+            link._persistent for _, link in master.namedlinks())
         self._closed = False
 
     # -- chunking ---------------------------------------------------------
@@ -171,21 +197,38 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         """False while ``chunk_size='auto'`` is still trying sizes."""
         return self._search is None or self._search.done
 
+    @property
+    def chunk_size_search(self):
+        """The ``'auto'`` search (its ``history`` and ``best``), or None."""
+        return self._search
+
+    @property
+    def startup_seconds(self):
+        """Seconds the worker processes took to start (None for threads,
+        or before the first update)."""
+        return getattr(self._replicas, 'startup_seconds', None)
+
     def _initial_chunk_size(self, chunk_size):
         if isinstance(chunk_size, str):
-            if chunk_size not in CHUNK_SIZE_MODES:
+            if chunk_size != 'auto' and chunk_size not in \
+                    _CHUNK_SIZE_POLICIES:
                 raise ValueError(
                     'unknown chunk_size {!r}; use an int from 1 to {}, a '
-                    'list of chunk boundaries, or one of {}'.format(
+                    'list of chunk boundaries, a chooser, or one of {}'.format(
                         chunk_size, self.n_stages,
-                        ', '.join(CHUNK_SIZE_MODES)))
+                        ', '.join(chunk_size_policies())))
             if self._stages is None:
                 return 1
             if chunk_size == 'auto':
                 from cgdp_chainer import chunk_search
                 self._search = chunk_search.ChunkSizeSearch(self.n_stages)
                 return self._search.current_size
-            return 1  # 'model': chosen from the first batch
+            self._chooser = _CHUNK_SIZE_POLICIES[chunk_size]()
+            return 1  # until the chooser has seen the first batch
+        if callable(chunk_size):
+            if self._stages is not None:
+                self._chooser = chunk_size
+            return 1
         if self._stages is None:
             if chunk_size not in (1, [0], (0,)):
                 raise ValueError(
@@ -197,14 +240,12 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     def _set_chunk_size(self, chunk_size):
         self._chunks = chunking.plan_chunks(self.n_stages, chunk_size)
         self._chunk_size = chunk_size if isinstance(chunk_size, int) else None
+        master = self.get_optimizer('main').target
         if self._stages is None:
-            self._chunk_names = [[n for n, _ in
-                                  self.get_optimizer('main')
-                                  .target.namedparams()]]
+            self._chunk_names = [[n for n, _ in master.namedparams()]]
         else:
             self._chunk_names = chunking.assign_parameters(
-                self.get_optimizer('main').target, self._stages,
-                self._chunks)
+                master, self._stages, self._chunks)
         if getattr(self, '_accumulator', None) is not None:
             self._accumulator.chunk_names = self._chunk_names
 
@@ -221,55 +262,96 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             raise ValueError(
                 'the batch has {} examples, fewer than the {} devices'.format(
                     len(batch), n))
-        shares_batches = [batch[i::n] for i in range(n)]
-        shares = [len(b) / len(batch) for b in shares_batches]
-        if self._requested_chunk_size == 'model' and \
-                self._stages is not None and not getattr(
-                    self, '_model_chosen', False):
-            self._choose_chunk_size_from_model(shares_batches[0])
-        if not self._started:
-            for worker in self._workers:
-                worker.start()
-            self._started = True
+        host = chainer.get_device('@numpy')
+        inputs = [convert._call_converter(self.converter, batch[i::n], host)
+                  for i in range(n)]
+        shares = [len(batch[i::n]) / len(batch) for i in range(n)]
+        if self._replicas is None:
+            self._start(inputs[0])
 
         timeline = self.timeline
         start = timeline.now() if timeline is not None else None
-        plan = _IterationPlan(self.iteration, self._chunks,
-                              self._chunk_names, len(self._workers))
         # Drawn here, in the calling thread, so that a seeded run (and its
         # resume) gives every replica the same dropout masks again.
-        plan.seeds = numpy.random.randint(0, 2 ** 31 - 1, size=n).tolist()
+        seeds = numpy.random.randint(0, 2 ** 31 - 1, size=n).tolist()
+        refresh = (worker_module.save_persistents(
+            self.get_optimizer('main').target)
+            if self._refresh_persistents else None)
+        self._refresh_persistents = False
+        config = worker_module.caller_config()
+        jobs = [worker_module.Job(
+            iteration=self.iteration, seed=seeds[i], chunks=self._chunks,
+            chunk_names=self._chunk_names,
+            record_events=timeline is not None,
+            send_persistents=(i == 0 and self._has_persistents),
+            persistents=refresh, config=config) for i in range(n)]
         self._accumulator.start_iteration(self.iteration, shares)
+        search_start = time.perf_counter()
         try:
-            with self._blas_limiter:
-                for worker, sub_batch in zip(self._workers, shares_batches):
-                    worker.jobs.put((plan, sub_batch))
-                plan.wait_workers(self._failures)
-                if not self._failures.failed:
-                    self._accumulator.wait()
+            results = self._replicas.run(jobs, inputs)
+            if not self._failures.failed:
+                self._accumulator.wait()
         except BaseException as interruption:  # Ctrl-C while waiting
-            # Every thread stops at its next check; the caller gets the
-            # interruption and finalize() ends the threads.
+            # Every thread and worker stops at its next check; the caller
+            # gets the interruption and finalize() ends them.
             self._failures.fail(interruption, 'caller')
             raise
+        seconds = time.perf_counter() - search_start
         sync_end = timeline.now() if timeline is not None else None
         if self._failures.failed:
-            self._stop_threads()
+            self._stop_replicas()
             raise self._failures.error
 
-        self._copy_persistents_to_master()
-        self._report(plan.observations, shares)
+        master = self.get_optimizer('main').target
+        if results[0].persistents is not None:
+            worker_module.load_persistents(master, results[0].persistents,
+                                           host)
+        self._report([r.observation for r in results], shares)
         if timeline is not None:
-            end = timeline.now()
-            timeline.end_iteration(self.iteration, start, end, sync_end)
+            for index, result in enumerate(results):
+                for kind, chunk, begin, end in result.events:
+                    timeline.record(self.iteration, index, kind, chunk,
+                                    begin - timeline.origin,
+                                    end - timeline.origin)
+            timeline.end_iteration(self.iteration, start, timeline.now(),
+                                   sync_end)
         if self._search is not None:
             # The size this iteration ran with; LogReport keeps the trail.
             chainer.report({'cgdp/chunk_size': self._chunk_size})
             if not self._search.done:
-                self._advance_search(plan)
+                self._advance_search(seconds)
 
         if self.auto_new_epoch and iterator.is_new_epoch:
             self.get_optimizer('main').new_epoch(auto=True)
+
+    def _start(self, sample_inputs):
+        """Chooses the chunk size if a chooser is waiting, then builds the
+        replicas, the host accumulator and starts the workers."""
+        optimizer = self.get_optimizer('main')
+        master = optimizer.target
+        if self._chooser is not None:
+            self._choose_chunk_size(master, sample_inputs)
+        if self.workers == 'process':
+            replicas = channels.ProcessReplicas(
+                master, self._devices, self.loss_func, self._failures,
+                blas_threads=self._blas_threads,
+                start_method=self._start_method)
+        else:
+            replicas = channels.ThreadReplicas(
+                master, self._devices, self.loss_func, self._failures,
+                blas_threads=self._blas_threads)
+        try:
+            self._accumulator = accumulator_module.HostAccumulator(
+                optimizer, replicas.ports, self._chunk_names,
+                self.reduction, self._failures,
+                n_threads=self._host_threads, timeline=self.timeline,
+                allreducer=self._allreducer)
+            self._replicas = replicas
+            replicas.start(self._accumulator.deliver)
+        except BaseException:
+            self._replicas = replicas
+            self._stop_replicas()
+            raise
 
     def _report(self, observations, shares):
         totals = {}
@@ -278,30 +360,30 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                 totals[key] = totals.get(key, 0.0) + share * value
         chainer.report(totals)
 
-    def _copy_persistents_to_master(self):
-        _copy_persistents(self._replicas[0],
-                          self.get_optimizer('main').target,
-                          chainer.get_device('@numpy'))
-
-    def _choose_chunk_size_from_model(self, sample_batch):
-        from cgdp_chainer import costmodel
-        # The profile runs the first replica's loss, which reports to its
-        # own observers; a private reporter keeps that out of the Trainer's.
+    def _choose_chunk_size(self, master, sample_inputs):
+        device = self._devices[0]
+        replica = copy.deepcopy(master)
+        replica.to_device(device)
+        # The profile runs the replica's loss, which reports to its own
+        # observers; a private reporter keeps that out of the Trainer's.
         reporter = chainer.Reporter()
-        replica = self._replicas[0]
         reporter.add_observer('main', replica)
         reporter.add_observers('main', replica.namedlinks(skipself=True))
         with reporter.scope({}):
-            size = costmodel.choose_chunk_size_for_updater(self, sample_batch)
+            size = self._chooser(
+                replica, device, device.send(sample_inputs),
+                len(self._devices), self.loss_func,
+                self._host_threads,
+                self.workers)
+        del replica
         if self._allreducer is not None:
             # Ranks profile separately; all must cut the model alike.
             size = self._allreducer.allreduce_int(
                 size if self._allreducer.rank == 0 else 0, op='max')
-        self._model_chosen = True
+        self._chooser = None
         self._set_chunk_size(size)
 
-    def _advance_search(self, plan):
-        seconds = plan.duration()
+    def _advance_search(self, seconds):
         if self._allreducer is not None:
             # Every rank must pick the same size: judge by the slowest.
             seconds = self._allreducer.allreduce_scalar(seconds, op='max')
@@ -319,295 +401,66 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         state, iterator and iteration; restoring also refreshes every
         replica from the master."""
         super(CGDPUpdater, self).serialize(serializer)
-        if isinstance(serializer, chainer.serializer.Deserializer):
-            self._broadcast_master()
-
-    def _broadcast_master(self):
-        master = self.get_optimizer('main').target
-        for transfer in self._transfers:
-            for chunk, names in enumerate(self._chunk_names):
-                transfer.publish(chunk, names)
-        for replica, device in zip(self._replicas, self._devices):
-            _copy_persistents(master, replica, device)
+        if isinstance(serializer, chainer.serializer.Deserializer) and \
+                self._replicas is not None:
+            for port in self._replicas.ports:
+                for chunk, names in enumerate(self._chunk_names):
+                    port.publish(chunk, names)
+            self._refresh_persistents = True
 
     def finalize(self):
-        """Stops every CGDP thread and closes the iterators."""
-        self._stop_threads()
+        """Stops every CGDP thread and worker process and closes the
+        iterators."""
+        self._stop_replicas()
         super(CGDPUpdater, self).finalize()
 
-    def _stop_threads(self):
+    def _stop_replicas(self):
         if self._closed:
             return
         self._closed = True
-        for worker in self._workers:
-            worker.jobs.put(None)
-        for worker in self._workers:
-            if worker.is_alive():
-                worker.join(timeout=60)
-        self._accumulator.close()
+        if self._replicas is not None:
+            self._replicas.close()
+        if self._accumulator is not None:
+            self._accumulator.close()
         if self._allreducer is not None:
             self._allreducer.close()
-        for transfer in self._transfers:
-            transfer.close()
 
 
-def _copy_persistents(source, destination, device):
-    """Copies persistent values (BatchNorm statistics and the like) between
-    two copies of one model, sending arrays to ``device``."""
-    destination_links = dict(destination.namedlinks())
-    for path, link in source.namedlinks():
-        target = destination_links[path]
-        for name in link._persistent:
-            value = link.__dict__[name]
-            current = target.__dict__[name]
-            if value is None or numpy.isscalar(value) or not hasattr(
-                    value, 'shape'):
-                setattr(target, name, copy.copy(value))
-                continue
-            value = device.send(value)
-            if value is current:
-                continue
-            if getattr(current, 'shape', None) == value.shape and \
-                    type(current) is type(value):
-                current[...] = value
-            else:
-                setattr(target, name, value.copy())
-
-
-class _IterationPlan(object):
-    """What every worker needs for one iteration, and their completion."""
-
-    def __init__(self, iteration, chunks, chunk_names, n_workers):
-        self.iteration = iteration
-        self.chunks = chunks
-        self.chunk_names = chunk_names
-        self.observations = [{} for _ in range(n_workers)]
-        self._pending = n_workers
-        self._cond = threading.Condition()
-        self._start = None
-        self._end = None
-
-    def worker_done(self):
-        with self._cond:
-            self._pending -= 1
-            self._cond.notify_all()
-
-    def wait_workers(self, failures, poll_seconds=0.05):
-        self._start = time.perf_counter()
-        with self._cond:
-            while self._pending > 0 and not failures.failed:
-                self._cond.wait(poll_seconds)
-
-    def duration(self):
-        return time.perf_counter() - self._start
-
-
-class _DeviceWorker(threading.Thread):
-    """The thread that runs one replica's forward and chunked backward."""
-
-    def __init__(self, index, device, replica, transfer, updater):
-        super(_DeviceWorker, self).__init__(
-            name='cgdp-device-{}'.format(index), daemon=True)
-        self.index = index
-        self.device = device
-        self.replica = replica
-        self.transfer = transfer
-        self.jobs = queue.Queue()
-        self._updater = updater
-        self._where = 'device worker {} ({})'.format(index, device)
-
-    def run(self):
-        with _device_scope(self.device):
-            while True:
-                job = self.jobs.get()
-                if job is None:
-                    return
-                plan, sub_batch = job
-                try:
-                    if not self._updater._failures.failed:
-                        with randomness.thread_random_state(
-                                plan.seeds[self.index]):
-                            self._iterate(plan, sub_batch)
-                except accumulator_module.Aborted:
-                    pass
-                except BaseException as error:
-                    self._updater._failures.fail(error, self._where)
-                finally:
-                    plan.worker_done()
-
-    def _check(self):
-        if self._updater._failures.failed:
-            raise accumulator_module.Aborted()
-
-    def _iterate(self, plan, sub_batch):
-        updater = self._updater
-        replica = self.replica
-        clock = _Clock(updater.timeline, self.transfer, plan.iteration,
-                       self.index)
-        replica.cleargrads()
-        in_arrays = convert._call_converter(
-            updater.converter, sub_batch, self.device)
-        reporter = chainer.Reporter()
-        reporter.add_observer('main', replica)
-        reporter.add_observers('main', replica.namedlinks(skipself=True))
-        observation = {}
-        accumulator = updater._accumulator
-        with reporter.scope(observation), \
-                chainer.using_config('enable_backprop', True):
-            if updater._stages is None:
-                token = clock.stamp()
-                loss_func = updater.loss_func or replica
-                loss = _call_with(loss_func, in_arrays)
-                clock.add('forward', 0, token)
-                token = clock.stamp()
-                loss.backward()
-                clock.add('backward', 0, token)
-                accumulator.deliver(self.index, 0, self.transfer.send_grads(
-                    plan.chunk_names[0]))
-            else:
-                if not isinstance(in_arrays, tuple):
-                    in_arrays = (in_arrays,)
-                stages = chunking.find_stages(replica)
-                head = chunking.find_head(replica, updater.loss_func)
-                chunked = chunking.ChunkedPass(stages, plan.chunks, head)
-                carry = in_arrays[0]
-                last = len(plan.chunks) - 1
-                for c in range(len(plan.chunks)):
-                    self._check()
-                    self.transfer.wait_params(c)
-                    token = clock.stamp()
-                    carry = chunked.forward_chunk(c, carry)
-                    if c == last:
-                        chunked.forward_head(in_arrays[1:])
-                    clock.add('forward', c, token)
-                for c in range(last, -1, -1):
-                    self._check()
-                    token = clock.stamp()
-                    chunked.backward_chunk(c)
-                    clock.add('backward', c, token)
-                    accumulator.deliver(
-                        self.index, c,
-                        self.transfer.send_grads(plan.chunk_names[c]))
-        plan.observations[self.index] = {
-            key: float(chainer.backends.cuda.to_cpu(
-                getattr(value, 'array', value)))
-            for key, value in observation.items()}
-        clock.flush()
-
-
-def _call_with(func, in_arrays):
-    if isinstance(in_arrays, tuple):
-        return func(*in_arrays)
-    if isinstance(in_arrays, dict):
-        return func(**in_arrays)
-    return func(in_arrays)
-
-
-class _Clock(object):
-    """Timestamps on a device's own order of work: the host clock for CPU
-    replicas; CUDA events, converted to the host clock afterwards, for GPUs
-    (host-side times would only show when work was queued)."""
-
-    def __init__(self, timeline, transfer, iteration, device_index):
-        self.timeline = timeline
-        self.iteration = iteration
-        self.device_index = device_index
-        self.gpu = transfer.is_gpu and timeline is not None
-        self._transfer = transfer
-        self._pending = []
-        if self.gpu:
-            import cupy
-            cupy.cuda.get_current_stream().synchronize()
-            self._base_event = transfer.record()
-            self._base_event.synchronize()
-            self._base_time = timeline.now()
-
-    def stamp(self):
-        if self.timeline is None:
-            return None
-        if self.gpu:
-            return self._transfer.record()
-        return self.timeline.now()
-
-    def add(self, kind, chunk, start_token):
-        if self.timeline is None:
-            return
-        self._pending.append((kind, chunk, start_token, self.stamp()))
-
-    def flush(self):
-        if self.timeline is None:
-            return
-        if self.gpu:
-            import cupy
-            cupy.cuda.get_current_stream().synchronize()
-        for kind, chunk, start, end in self._pending:
-            if self.gpu:
-                start = self._base_time + cupy.cuda.get_elapsed_time(
-                    self._base_event, start) / 1000.0
-                end = self._base_time + cupy.cuda.get_elapsed_time(
-                    self._base_event, end) / 1000.0
-            self.timeline.record(self.iteration, self.device_index, kind,
-                                 chunk, start, end)
-        self._pending = []
-
-
-class _device_scope(object):
-    """Makes the worker's GPU current, with its own compute stream."""
-
-    def __init__(self, device):
-        self.device = device
-        self._contexts = []
-
-    def __enter__(self):
-        if devices_module.is_gpu(self.device):
-            import cupy
-            gpu = cupy.cuda.Device(self.device.device.id)
-            gpu.__enter__()
-            stream = cupy.cuda.Stream(non_blocking=True)
-            stream.__enter__()
-            self._contexts = [stream, gpu]
-        return self
-
-    def __exit__(self, *exc):
-        for context in self._contexts:
-            context.__exit__(*exc)
-        return False
-
-
-class _BlasLimiter(object):
-    """Limits BLAS threads while CPU replicas compute side by side."""
-
-    def __init__(self, devices, blas_threads):
-        cpu_replicas = sum(1 for d in devices if not devices_module.is_gpu(d))
-        if blas_threads is None:
-            if cpu_replicas < 2:
-                self._limit = None
-            else:
-                self._limit = max(1, (os.cpu_count() or 1) // cpu_replicas)
-        else:
-            if blas_threads < 1:
-                raise ValueError(
-                    'blas_threads must be at least 1; got {}'.format(
-                        blas_threads))
-            self._limit = blas_threads
-        self._controller = None
-        self._active = None
-        if self._limit is not None:
-            import threadpoolctl
-            self._controller = threadpoolctl.ThreadpoolController()
-
-    @property
-    def limit(self):
-        return self._limit
-
-    def __enter__(self):
-        if self._controller is not None:
-            self._active = self._controller.limit(
-                limits=self._limit, user_api='blas')
-        return self
-
-    def __exit__(self, *exc):
-        if self._active is not None:
-            self._active.restore_original_limits()
-            self._active = None
-        return False
+def _check_arguments(devices, reduction, timeline, blas_threads,
+                     host_threads, workers, start_method, converter,
+                     loss_func):
+    """Raises ValueError naming the first wrong argument of CGDPUpdater."""
+    if devices is None or not isinstance(devices, (str, list, tuple)):
+        raise ValueError(
+            'devices must be a list of device specifiers, one per replica '
+            "(such as ['@numpy', '@numpy'] or ['@cupy:0', '@cupy:1']) or a "
+            "comma-separated string; got {!r}".format(devices))
+    if reduction not in REDUCTIONS:
+        raise ValueError('unknown reduction {!r}; valid: {}'.format(
+            reduction, ', '.join(REDUCTIONS)))
+    if workers not in WORKER_KINDS:
+        raise ValueError('unknown workers {!r}; valid: {}'.format(
+            workers, ', '.join(WORKER_KINDS)))
+    if start_method not in channels.START_METHODS:
+        raise ValueError('unknown start_method {!r}; valid: {}'.format(
+            start_method, ', '.join(channels.START_METHODS)))
+    blas.threads_per_replica(2, blas_threads)  # raises on a bad value
+    if host_threads is not None and (
+            isinstance(host_threads, bool) or
+            not isinstance(host_threads, numbers.Integral) or
+            host_threads < 1):
+        raise ValueError(
+            'host_threads must be a positive integer or None (CPU cores, '
+            'at most 4); got {!r}'.format(host_threads))
+    if timeline is not None and not all(
+            hasattr(timeline, name) for name in
+            ('record', 'span', 'end_iteration', 'now')):
+        raise ValueError(
+            'timeline must be a cgdp_chainer.Timeline or None; got '
+            '{!r}'.format(timeline))
+    if not callable(converter):
+        raise ValueError('converter must be callable; got {!r}'.format(
+            converter))
+    if loss_func is not None and not callable(loss_func):
+        raise ValueError('loss_func must be callable or None; got '
+                         '{!r}'.format(loss_func))

@@ -1,0 +1,781 @@
+"""Where replicas run and how they talk to the host: two strategies.
+
+Both build the replicas from the master model, give the host accumulator
+one port per replica (``slots``, ``wait_grads``, ``publish``), run an
+iteration's jobs and hand back each replica's
+:class:`~cgdp_chainer.runtime.worker.IterationResult`:
+
+- :class:`ProcessReplicas` (``workers='process'``, the default): one worker
+  process per replica, so that Chainer's Python work runs in parallel, as
+  in PyTorch DDP, Horovod and ChainerMN. The master's parameters and every
+  replica's gradient slots live in shared memory, allocated once; sub-batches
+  travel through shared memory too; pipes carry only small messages (a job,
+  "chunk delivered", "chunk published", the result).
+- :class:`ThreadReplicas` (``workers='thread'``): one thread per replica in
+  the user's process; replicas then share the interpreter lock. Kept for
+  debugging and for models that cannot be pickled.
+
+Either way the code that runs a replica is
+:class:`~cgdp_chainer.runtime.worker.ReplicaWorker`.
+"""
+import copy
+import io
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import queue
+import signal
+import sys
+import threading
+import time
+import traceback
+
+import chainer
+import numpy
+
+from cgdp_chainer import blas
+from cgdp_chainer import devices as devices_module
+from cgdp_chainer.runtime import shared
+from cgdp_chainer.runtime import transfer as transfer_module
+from cgdp_chainer.runtime import worker as worker_module
+
+WORKER_KINDS = ('process', 'thread')
+START_METHODS = ('spawn', 'forkserver')
+
+# How often waits wake up to look for failures, dead workers and a dead
+# parent: short enough that a failure surfaces within a fraction of a second.
+POLL_SECONDS = 0.05
+
+# A worker process must import Chainer and unpickle its replica before its
+# first iteration; a minute covers a loaded 2-core machine.
+STARTUP_TIMEOUT_SECONDS = 120.0
+
+# After stop, how long a worker may take to leave before it is killed.
+STOP_TIMEOUT_SECONDS = 10.0
+
+
+class ReplicaError(RuntimeError):
+    """An exception raised inside a worker process, with its traceback."""
+
+
+def cpu_replica_count(devices):
+    return sum(1 for d in devices if not devices_module.is_gpu(d))
+
+
+class ThreadReplicas(object):
+    """Replicas as threads of the user's process.
+
+    Args:
+        master (chainer.Link): The master model, on the host.
+        devices (list of chainer.backend.Device): One per replica.
+        loss_func (callable or None): As for ``CGDPUpdater``.
+        failures (FailureBox): Shared with the host accumulator.
+        blas_threads (int or None): BLAS threads while CPU replicas compute.
+    """
+
+    kind = 'thread'
+
+    def __init__(self, master, devices, loss_func, failures,
+                 blas_threads=None):
+        self.devices = devices
+        self.loss_func = loss_func
+        self.failures = failures
+        self.blas_limit = blas.threads_per_replica(
+            cpu_replica_count(devices), blas_threads)
+        master_params = dict(master.namedparams())
+        if any(devices_module.is_gpu(d) for d in devices):
+            transfer_module.pin_master(master_params)
+        self.replicas = []
+        self.ports = []
+        for device in devices:
+            replica = copy.deepcopy(master)
+            replica.to_device(device)
+            self.replicas.append(replica)
+            self.ports.append(transfer_module.make_transfer(
+                device, master_params, dict(replica.namedparams())))
+        self._threads = []
+        self._jobs = [queue.Queue() for _ in devices]
+        self._results = None
+        self._pending = 0
+        self._cond = threading.Condition()
+
+    def start(self, deliver):
+        """Starts one thread per replica.
+
+        Args:
+            deliver (callable): ``deliver(index, chunk, ready)``, the host
+                accumulator's, called when a chunk's gradients are sent.
+        """
+        for index, (device, replica, port) in enumerate(zip(
+                self.devices, self.replicas, self.ports)):
+            link = _ThreadLink(index, deliver, self.failures)
+            thread = threading.Thread(
+                target=self._serve, name='cgdp-replica-{}'.format(index),
+                args=(index, device, replica, port, link), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _serve(self, index, device, replica, port, link):
+        where = 'replica {} ({}) thread'.format(index, device)
+        with worker_module.device_scope(device):
+            try:
+                replica_worker = worker_module.ReplicaWorker(
+                    index, device, replica, port, link, self.loss_func)
+            except BaseException as error:
+                self.failures.fail(error, where)
+                return
+            while True:
+                job = self._jobs[index].get()
+                if job is None:
+                    return
+                job, in_arrays = job
+                try:
+                    if not self.failures.failed:
+                        result = replica_worker.run(job, in_arrays)
+                        with self._cond:
+                            self._results[index] = result
+                except worker_module.Aborted:
+                    pass
+                except BaseException as error:
+                    self.failures.fail(error, where)
+                finally:
+                    with self._cond:
+                        self._pending -= 1
+                        self._cond.notify_all()
+
+    def run(self, jobs, inputs):
+        """Runs one iteration on every replica and waits for them.
+
+        Returns:
+            list of IterationResult, or None if something failed.
+        """
+        with self._cond:
+            self._results = [None] * len(jobs)
+            self._pending = len(jobs)
+        with blas.BlasLimit(self.blas_limit):
+            for queue_, job, in_arrays in zip(self._jobs, jobs, inputs):
+                queue_.put((job, in_arrays))
+            with self._cond:
+                while self._pending > 0 and not self.failures.failed:
+                    self._cond.wait(POLL_SECONDS)
+        return None if self.failures.failed else list(self._results)
+
+    def close(self):
+        for queue_ in self._jobs:
+            queue_.put(None)
+        for thread in self._threads:
+            thread.join(timeout=60)
+        for port in self.ports:
+            port.close()
+
+
+class _ThreadLink(object):
+    """A replica thread's link to the host accumulator."""
+
+    def __init__(self, index, deliver, failures):
+        self._index = index
+        self._deliver = deliver
+        self._failures = failures
+
+    def deliver(self, iteration, chunk, ready):
+        self._deliver(self._index, chunk, ready)
+
+    def check(self):
+        if self._failures.failed:
+            raise worker_module.Aborted()
+
+
+class ProcessReplicas(object):
+    """Replicas in worker processes, one each, with shared-memory buffers.
+
+    The master's parameter arrays are moved into a shared arena here (the
+    master keeps using them; :meth:`close` gives it private copies back).
+    Processes start in :meth:`start` and stay alive across iterations.
+
+    Args:
+        master (chainer.Link): The master model, on the host.
+        devices (list of chainer.backend.Device): One per replica.
+        loss_func (callable or None): As for ``CGDPUpdater``; must be
+            picklable.
+        failures (FailureBox): Shared with the host accumulator.
+        blas_threads (int or None): BLAS threads of each CPU worker.
+        start_method (str): ``'spawn'`` or ``'forkserver'`` (CUDA forbids
+            ``fork`` once it is initialized).
+
+    Raises:
+        ValueError: The model or ``loss_func`` cannot be pickled.
+    """
+
+    kind = 'process'
+
+    def __init__(self, master, devices, loss_func, failures,
+                 blas_threads=None, start_method='spawn'):
+        if start_method not in START_METHODS:
+            raise ValueError('start_method must be one of {}; got {!r}'.format(
+                ', '.join(START_METHODS), start_method))
+        self.devices = devices
+        self.failures = failures
+        self.start_method = start_method
+        self.blas_limit = blas.threads_per_replica(
+            cpu_replica_count(devices), blas_threads)
+        master_params = dict(master.namedparams())
+        self._replica_bytes = _pickle_replica(master, master_params)
+        self._loss_bytes = _pickle_or_explain(loss_func, 'loss_func')
+        specs = [(name, p.array.shape, p.array.dtype)
+                 for name, p in master_params.items()]
+        self._master_arena = shared.SharedArena.create(specs)
+        self.master = transfer_module.SharedMaster(
+            master_params, self._master_arena.arrays)
+        self._slot_arenas = [shared.SharedArena.create(specs)
+                             for _ in devices]
+        self._batches = [shared.BatchBuffer() for _ in devices]
+        self._conns = [None] * len(devices)
+        self._send_locks = [threading.Lock() for _ in devices]
+        self.ports = []
+        for index, (device, arena) in enumerate(zip(devices,
+                                                    self._slot_arenas)):
+            send = None
+            if devices_module.is_gpu(device):
+                send = self._sender(index)
+            self.ports.append(transfer_module.WorkerPort(
+                arena.arrays, self.master, send))
+        self._processes = []
+        self._monitor = None
+        self._stopping = threading.Event()
+        self._cond = threading.Condition()
+        self._results = None
+        self._pending = 0
+        self._iteration = None
+        self._deliver = None
+        self._pongs = {}
+        self.startup_seconds = None
+
+    # -- start-up ---------------------------------------------------------
+
+    def start(self, deliver):
+        """Starts the worker processes and waits until each is ready.
+
+        Args:
+            deliver (callable): ``deliver(index, chunk, ready)``, the host
+                accumulator's, called when a worker announces a chunk.
+
+        Raises:
+            RuntimeError: A worker died or failed while starting; the
+                message says why and how to fix it.
+        """
+        started = time.perf_counter()
+        self._deliver = deliver
+        context = multiprocessing.get_context(self.start_method)
+        for index, device in enumerate(self.devices):
+            parent_end, child_end = context.Pipe(duplex=True)
+            init = _WorkerInit(
+                index=index, device_spec=_device_spec(device),
+                replica_bytes=self._replica_bytes,
+                loss_bytes=self._loss_bytes,
+                master_layout=self._master_arena.layout,
+                slot_layout=self._slot_arenas[index].layout,
+                blas_threads=self.blas_limit, parent_pid=os.getpid())
+            process = context.Process(
+                target=process_main, args=(init, child_end),
+                name='cgdp-replica-{}'.format(index), daemon=True)
+            try:
+                process.start()
+            except RuntimeError as error:
+                raise RuntimeError(
+                    'could not start the CGDP worker processes: {}. With '
+                    "workers='process' the script that builds the updater "
+                    "must guard its training code with if __name__ == "
+                    "'__main__':".format(error)) from error
+            child_end.close()
+            self._conns[index] = parent_end
+            self._processes.append(process)
+        for index in range(len(self.devices)):
+            self._await_ready(index, started)
+        self.startup_seconds = time.perf_counter() - started
+        self._monitor = threading.Thread(
+            target=self._watch, name='cgdp-worker-monitor', daemon=True)
+        self._monitor.start()
+
+    def _await_ready(self, index, started):
+        conn, process = self._conns[index], self._processes[index]
+        deadline = started + STARTUP_TIMEOUT_SECONDS
+        while True:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                raise RuntimeError(
+                    'CGDP worker process for replica {} ({}) did not start '
+                    'within {:.0f} s'.format(index, self.devices[index],
+                                             STARTUP_TIMEOUT_SECONDS))
+            ready = multiprocessing.connection.wait(
+                [conn, process.sentinel], timeout=min(left, 1.0))
+            if conn in ready:
+                try:
+                    message = conn.recv()
+                except EOFError:
+                    message = None
+                if message is not None and message[0] == 'ready':
+                    return
+                if message is not None and message[0] == 'error':
+                    raise ReplicaError(
+                        'CGDP worker process for replica {} ({}) failed '
+                        'while starting:\n{}'.format(
+                            index, self.devices[index], message[2]))
+            if process.sentinel in ready or not process.is_alive():
+                process.join(timeout=1.0)
+                raise RuntimeError(
+                    'CGDP worker process for replica {} ({}) {} while '
+                    'starting (its error, if any, is above). A script that '
+                    "uses workers='process' must guard its training code "
+                    "with if __name__ == '__main__': (the workers import "
+                    "the script's module), and the model's classes must be "
+                    "importable from it.".format(
+                        index, self.devices[index],
+                        describe_exit(process.exitcode)))
+
+    # -- the iteration ----------------------------------------------------
+
+    def run(self, jobs, inputs):
+        """Runs one iteration in every worker and waits for the results.
+
+        Returns:
+            list of IterationResult, or None if something failed.
+        """
+        with self._cond:
+            self._results = [None] * len(jobs)
+            self._pending = len(jobs)
+            self._iteration = jobs[0].iteration
+        for index, (job, in_arrays) in enumerate(zip(jobs, inputs)):
+            description = self._batches[index].write(in_arrays)
+            self._send(index, ('run', job, description))
+        with self._cond:
+            while self._pending > 0 and not self.failures.failed:
+                self._cond.wait(POLL_SECONDS)
+        return None if self.failures.failed else list(self._results)
+
+    def round_trip_seconds(self, repeats=100):
+        """Median time of a message to every worker and its answer back
+        (the cost of one chunk signal each way)."""
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            with self._cond:
+                self._pongs = {}
+            for index in range(len(self._conns)):
+                self._send(index, ('ping', start))
+            with self._cond:
+                while len(self._pongs) < len(self._conns) and \
+                        not self.failures.failed:
+                    self._cond.wait(POLL_SECONDS)
+            times.append((time.perf_counter() - start))
+        return float(numpy.median(times))
+
+    def _sender(self, index):
+        def send(message):
+            self._send(index, message)
+        return send
+
+    def _send(self, index, message):
+        conn = self._conns[index]
+        if conn is None:
+            return
+        with self._send_locks[index]:
+            try:
+                conn.send(message)
+            except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
+                pass  # the monitor reports the dead worker
+
+    def _watch(self):
+        """Reads every worker's messages and notices dead workers."""
+        conns = {conn: index for index, conn in enumerate(self._conns)}
+        sentinels = {p.sentinel: index
+                     for index, p in enumerate(self._processes)}
+        while not self._stopping.is_set():
+            try:
+                ready = multiprocessing.connection.wait(
+                    list(conns) + list(sentinels), timeout=POLL_SECONDS * 4)
+            except OSError:
+                return
+            for handle in ready:
+                if handle in conns:
+                    index = conns[handle]
+                    try:
+                        while handle.poll():
+                            self._handle(index, handle.recv())
+                    except (EOFError, OSError):
+                        del conns[handle]
+                        self._worker_died(index)
+                elif handle in sentinels:
+                    index = sentinels.pop(handle)
+                    self._worker_died(index)
+
+    def _handle(self, index, message):
+        kind = message[0]
+        if kind == 'delivered':
+            _, iteration, chunk = message
+            if iteration == self._iteration and not self.failures.failed:
+                self._deliver(index, chunk, None)
+        elif kind == 'done':
+            _, iteration, result = message
+            with self._cond:
+                self._results[index] = result
+                self._pending -= 1
+                self._cond.notify_all()
+        elif kind == 'error':
+            _, iteration, text = message
+            error = ReplicaError(
+                'replica {} ({}) raised in its worker process:\n{}'.format(
+                    index, self.devices[index], text.rstrip()))
+            self.failures.fail(error, 'replica {} ({}) worker process'.format(
+                index, self.devices[index]))
+            self._broadcast(('abort',))
+            with self._cond:
+                self._cond.notify_all()
+        elif kind == 'pong':
+            with self._cond:
+                self._pongs[index] = message[1]
+                self._cond.notify_all()
+
+    def _worker_died(self, index):
+        if self._stopping.is_set():
+            return
+        process = self._processes[index]
+        process.join(timeout=1.0)
+        error = RuntimeError(
+            'CGDP worker process of replica {} ({}, pid {}) {}'.format(
+                index, self.devices[index], process.pid,
+                describe_exit(process.exitcode)))
+        self.failures.fail(error, 'worker monitor')
+        self._broadcast(('abort',))
+        with self._cond:
+            self._cond.notify_all()
+
+    def _broadcast(self, message):
+        for index in range(len(self._conns)):
+            self._send(index, message)
+
+    # -- the end ----------------------------------------------------------
+
+    def close(self):
+        """Stops every worker process (killing any that does not leave),
+        frees the shared memory and gives the master its arrays back."""
+        self._stopping.set()
+        self._broadcast(('stop',))
+        # After a failure or Ctrl-C, workers hold nothing worth waiting for.
+        deadline = time.monotonic() + (
+            1.0 if self.failures.failed else STOP_TIMEOUT_SECONDS)
+        for process in self._processes:
+            process.join(timeout=max(0.1, deadline - time.monotonic()))
+        for process in self._processes:
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=5.0)
+        if self._monitor is not None:
+            self._monitor.join(timeout=5.0)
+        for conn in self._conns:
+            if conn is not None:
+                conn.close()
+        self._conns = [None] * len(self._conns)
+        self.master.release()
+        for port in self.ports:
+            port.close()
+        for arena in [self._master_arena] + self._slot_arenas:
+            arena.close()
+        for batch in self._batches:
+            batch.close()
+
+
+def describe_exit(exitcode):
+    """Words for a process's exit code (negative: the killing signal)."""
+    if exitcode is None:
+        return 'is still running'
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = 'signal {}'.format(-exitcode)
+        return 'was killed by {}'.format(name)
+    return 'exited with status {}'.format(exitcode)
+
+
+def _device_spec(device):
+    if devices_module.is_gpu(device):
+        return '@cupy:{}'.format(device.device.id)
+    return '@numpy'
+
+
+class _ReplicaPickler(pickle.Pickler):
+    """Pickles the master as a replica, leaving out what the worker gets
+    from shared memory (parameter arrays) or must not have (gradients, the
+    optimizer's update rules and their state)."""
+
+    def __init__(self, file, master_params):
+        super(_ReplicaPickler, self).__init__(file, pickle.HIGHEST_PROTOCOL)
+        self._arrays = {id(p.array): name for name, p in master_params.items()}
+        self._grads = {id(p.grad) for p in master_params.values()
+                       if p.grad is not None}
+
+    def persistent_id(self, obj):
+        if isinstance(obj, numpy.ndarray):
+            name = self._arrays.get(id(obj))
+            if name is not None:
+                return ('param', name)
+            if id(obj) in self._grads:
+                return ('none',)
+        elif isinstance(obj, chainer.UpdateRule):
+            return ('none',)
+        return None
+
+
+class _ReplicaUnpickler(pickle.Unpickler):
+
+    def __init__(self, file, master_arrays):
+        super(_ReplicaUnpickler, self).__init__(file)
+        self._master_arrays = master_arrays
+
+    def persistent_load(self, pid):
+        if pid[0] == 'param':
+            return self._master_arrays[pid[1]]
+        return None
+
+
+def check_picklable(master, loss_func):
+    """Raises ValueError, naming the fix, unless the model and ``loss_func``
+    can travel to worker processes (cheap: parameters are left out)."""
+    _pickle_replica(master, dict(master.namedparams()))
+    _pickle_or_explain(loss_func, 'loss_func')
+
+
+def _pickle_replica(master, master_params):
+    buffer = io.BytesIO()
+    try:
+        _ReplicaPickler(buffer, master_params).dump(master)
+    except Exception as error:
+        raise ValueError(
+            "the model cannot be pickled for workers='process' ({}: {}). "
+            'Define its classes at module level of an importable module and '
+            'keep no lambdas, open files or locks in it; or pass '
+            "workers='thread'".format(type(error).__name__, error)) from error
+    return buffer.getvalue()
+
+
+def _pickle_or_explain(obj, what):
+    try:
+        return pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
+    except Exception as error:
+        raise ValueError(
+            "{} cannot be pickled for workers='process' ({}: {}); use a "
+            'function or callable object defined at module level, or pass '
+            "workers='thread'".format(what, type(error).__name__,
+                                      error)) from error
+
+
+class _WorkerInit(object):
+    """What a worker process gets when it starts (picklable)."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
+# ---------------------------------------------------------------- the worker
+
+def process_main(init, conn):
+    """Entry point of a worker process: serves iterations until stopped.
+
+    Args:
+        init (_WorkerInit): The replica, its device and the shared layouts.
+        conn (multiprocessing.connection.Connection): Its pipe to the host.
+    """
+    # Ctrl-C in a terminal reaches the whole process group: the user's
+    # process decides, and stops its workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _exit_with_parent()
+    sender = _LockedSender(conn)
+    try:
+        server = _WorkerServer(init, sender)
+    except BaseException:
+        sender.send(('error', None, traceback.format_exc()))
+        return
+    sender.send(('ready', os.getpid()))
+    server.serve(conn)
+
+
+def _exit_with_parent():
+    """Asks Linux to kill this process when its parent dies."""
+    if not sys.platform.startswith('linux'):
+        return
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+class _LockedSender(object):
+    """Sends from the worker's threads without interleaving messages."""
+
+    def __init__(self, conn):
+        self._conn = conn
+        self._lock = threading.Lock()
+
+    def send(self, message):
+        with self._lock:
+            try:
+                self._conn.send(message)
+            except (BrokenPipeError, ConnectionResetError, OSError):
+                pass
+
+
+class _WorkerServer(object):
+    """The worker process: its replica, transfer and link, and its loop."""
+
+    def __init__(self, init, sender):
+        from cgdp_chainer import devices as devices_
+        self.index = init.index
+        self.parent_pid = init.parent_pid
+        self.sender = sender
+        self.device = devices_.parse_device(init.device_spec)
+        self._blas = blas.BlasLimit(
+            None if devices_module.is_gpu(self.device) else
+            init.blas_threads)
+        self._blas.__enter__()  # for the life of the process
+        self.master_arena = shared.SharedArena.attach(init.master_layout)
+        self.slot_arena = shared.SharedArena.attach(init.slot_layout)
+        replica = _ReplicaUnpickler(
+            io.BytesIO(init.replica_bytes),
+            self.master_arena.arrays).load()
+        loss_func = pickle.loads(init.loss_bytes)
+        self.scope = worker_module.device_scope(self.device)
+        self.scope.__enter__()
+        replica_params = dict(replica.namedparams())
+        if devices_module.is_gpu(self.device):
+            replica.to_device(self.device)
+            replica_params = dict(replica.namedparams())
+            self._register(self.master_arena)
+            self._register(self.slot_arena)
+            holders = {name: _HostArray(array) for name, array in
+                       self.master_arena.arrays.items()}
+            self.transfer = transfer_module.CudaTransfer(
+                holders, replica_params, self.device,
+                slots=self.slot_arena.arrays)
+        else:
+            self.transfer = transfer_module.SharedSlotTransfer(
+                replica_params, self.slot_arena.arrays)
+        self.abort = threading.Event()
+        self.link = _PipeLink(sender, self.abort, self.transfer.is_gpu)
+        self.worker = worker_module.ReplicaWorker(
+            init.index, self.device, replica, self.transfer, self.link,
+            loss_func)
+        self.batches = shared.BatchReader()
+        self.jobs = queue.Queue()
+
+    def _register(self, arena):
+        import cupy
+        whole = numpy.frombuffer(arena._buffer, dtype=numpy.uint8)
+        cupy.cuda.runtime.hostRegister(whole.ctypes.data, whole.nbytes, 0)
+
+    def serve(self, conn):
+        receiver = threading.Thread(target=self._receive, args=(conn,),
+                                    name='cgdp-worker-receiver', daemon=True)
+        receiver.start()
+        while True:
+            item = self.jobs.get()
+            if item is None:
+                break
+            job, description = item
+            self.abort.clear()
+            try:
+                in_arrays = self.batches.read(description)
+                result = self.worker.run(job, in_arrays)
+                self.link.flush()
+                self.sender.send(('done', job.iteration, result))
+            except worker_module.Aborted:
+                self.sender.send(('done', job.iteration, None))
+            except BaseException:
+                self.sender.send(('error', job.iteration,
+                                  traceback.format_exc()))
+        self.link.close()
+        self.batches.close()
+
+    def _receive(self, conn):
+        while True:
+            try:
+                if not conn.poll(0.5):
+                    if os.getppid() != self.parent_pid:
+                        break  # the user's process is gone
+                    continue
+                message = conn.recv()
+            except (EOFError, OSError):
+                break
+            kind = message[0]
+            if kind == 'run':
+                self.jobs.put((message[1], message[2]))
+            elif kind == 'published':
+                self.transfer.publish(message[1], message[2])
+            elif kind == 'abort':
+                self.abort.set()
+            elif kind == 'ping':
+                self.sender.send(('pong', message[1]))
+            elif kind == 'stop':
+                break
+        self.abort.set()
+        self.jobs.put(None)
+
+
+class _HostArray(object):
+    """Gives a shared array the ``.array`` of a parameter, for
+    :class:`~cgdp_chainer.runtime.transfer.CudaTransfer`."""
+
+    def __init__(self, array):
+        self.array = array
+
+
+class _PipeLink(object):
+    """A worker process's link to the host: chunk announcements over the
+    pipe; for GPUs from a thread that first waits for the chunk's copy."""
+
+    def __init__(self, sender, abort, gpu):
+        self._sender = sender
+        self._abort = abort
+        self._pending = None
+        self._notifier = None
+        if gpu:
+            self._pending = queue.Queue()
+            self._notifier = threading.Thread(
+                target=self._notify, name='cgdp-d2h-notifier', daemon=True)
+            self._notifier.start()
+
+    def deliver(self, iteration, chunk, ready):
+        if self._pending is None or ready is None:
+            self._sender.send(('delivered', iteration, chunk))
+        else:
+            self._pending.put((iteration, chunk, ready))
+
+    def _notify(self):
+        while True:
+            item = self._pending.get()
+            if item is None:
+                return
+            if item[0] == 'flush':
+                item[1].set()
+                continue
+            iteration, chunk, ready = item
+            ready.synchronize()
+            self._sender.send(('delivered', iteration, chunk))
+
+    def flush(self):
+        """Waits until every announcement of the iteration is sent."""
+        if self._pending is not None:
+            done = threading.Event()
+            self._pending.put(('flush', done))
+            done.wait()
+
+    def check(self):
+        if self._abort.is_set():
+            raise worker_module.Aborted()
+
+    def close(self):
+        if self._pending is not None:
+            self._pending.put(None)

@@ -1,0 +1,919 @@
+"""Fused host update rules: reduce, hooks and update in one pass.
+
+Chainer's update rules on the CPU run one NumPy expression after another over
+whole arrays (Adam: about a dozen), each reading and writing memory, after the
+accumulator has already written the reduced gradient. The rules here do the
+same arithmetic per cache-sized block instead: the block's gradient is summed
+from the replicas' slots (with the reduction's weights) into a buffer that
+stays in the core's cache, the per-parameter hooks (``WeightDecay``,
+``Lasso``, ``GradientHardClipping``) are applied to it, and the parameter and
+its state are updated, so that every slot, the parameter and each state array
+is read once and the parameter and the state are written once. The gradient
+itself is never written to memory: ``param.grad`` is left as it was.
+
+The arithmetic is Chainer's, operation by operation, in the parameter's
+precision (float32), so the results equal Chainer's update rules (the tests
+check rtol 1e-6 over several iterations, and both backends agree bit for bit
+with Chainer on this machine). The state lives in each update rule's
+``state`` dict and ``t`` as with Chainer, so snapshots stay Chainer's.
+
+Two backends compute the same blocks:
+
+- ``'numba'``: compiled loops (``nogil``), where numba imports (it is in
+  ``requirements.txt``; it is skipped where no numba release supports the
+  installed NumPy);
+- ``'numpy'``: the same blocks as NumPy ufunc calls with ``out=`` buffers.
+
+A chunk's parameters are cut into pieces of about equal size, one per host
+thread (:class:`BlockPool`); both backends release the GIL while they compute.
+
+What is not fused goes through Chainer's own update rule, unchanged: other
+optimizers, parameters whose rule was replaced or has its own hooks, a
+parameter whose state is not created yet (its first update creates it),
+dtypes other than float32, and any optimizer hook other than the three above
+(then no parameter of that optimizer is fused: hooks apply to all).
+"""
+import concurrent.futures
+import copy
+import math
+import os
+import time
+
+import numpy
+
+import chainer  # NOQA: the caller (cgdp_chainer) imported the compat first
+from chainer import optimizer_hooks
+from chainer import optimizers
+
+try:
+    import numba
+except Exception:  # ImportError, or numba refusing this NumPy version
+    numba = None
+
+BACKENDS = ('auto', 'numba', 'numpy')
+
+# Elements per block: the block's gradient buffer (and, for the NumPy backend,
+# its temporaries) stay in L1/L2 while the slots, parameter and state stream
+# through once.
+NUMBA_BLOCK = 2048
+NUMPY_BLOCK = 1 << 14
+# Below this many elements a chunk runs on the calling thread: handing pieces
+# to other threads would cost more than it saves.
+MIN_SPLIT = 1 << 16
+
+# Hook codes of the fused gradient program (one row of ``hook_args`` each).
+_WEIGHT_DECAY, _LASSO, _HARD_CLIP = 0, 1, 2
+
+
+def numba_available():
+    """Whether the ``'numba'`` backend can be used here."""
+    return numba is not None
+
+
+def resolve_backend(backend):
+    """The backend that ``backend`` names here.
+
+    Args:
+        backend (str): ``'auto'`` (numba where it imports, else NumPy),
+            ``'numba'`` or ``'numpy'``.
+
+    Returns:
+        str: ``'numba'`` or ``'numpy'``.
+
+    Raises:
+        ValueError: ``backend`` is unknown, or ``'numba'`` where numba
+            does not import.
+    """
+    if backend not in BACKENDS:
+        raise ValueError('backend must be one of {}, not {!r}'.format(
+            ', '.join(BACKENDS), backend))
+    if backend == 'auto':
+        return 'numba' if numba_available() else 'numpy'
+    if backend == 'numba' and not numba_available():
+        raise ValueError(
+            "backend='numba' needs numba, which does not import here; "
+            "use 'auto' or 'numpy'")
+    return backend
+
+
+# -- hooks --------------------------------------------------------------------
+
+def rule_hooks(rule):
+    """The hooks registered on one update rule itself (pre and post)."""
+    # Chainer has no public accessor for a rule's hooks.
+    hookable = rule._hookable
+    return (list(hookable._pre_update_hooks.values()) +
+            list(hookable._post_update_hooks.values()))
+
+
+def hook_program(pre, post):
+    """The fused form of the optimizer's per-parameter hooks.
+
+    Args:
+        pre (list): The optimizer's pre-update hooks in order.
+        post (list): Its post-update hooks.
+
+    Returns:
+        tuple or None: ``(codes, args)`` arrays (int64 codes, float32 rows of
+        two arguments), or None where a hook cannot be fused.
+    """
+    if post:
+        return None
+    codes, args = [], []
+    for hook in pre:
+        kind = type(hook)
+        if kind is optimizer_hooks.WeightDecay:
+            codes.append(_WEIGHT_DECAY)
+            args.append((hook.rate, 0.0))
+        elif kind is optimizer_hooks.Lasso:
+            codes.append(_LASSO)
+            args.append((hook.rate, 0.0))
+        elif kind is optimizer_hooks.GradientHardClipping:
+            codes.append(_HARD_CLIP)
+            args.append((hook.lower_bound, hook.upper_bound))
+        else:
+            return None
+    return (numpy.array(codes, dtype=numpy.int64),
+            numpy.array(args, dtype=numpy.float32).reshape(len(codes), 2))
+
+
+# -- the NumPy backend ---------------------------------------------------------
+
+class _NumpyBlocks(object):
+    """Per-call scratch buffers of the NumPy backend (in cache)."""
+
+    def __init__(self):
+        self.g = numpy.empty(NUMPY_BLOCK, numpy.float32)
+        self.t = numpy.empty(NUMPY_BLOCK, numpy.float32)
+        self.u = numpy.empty(NUMPY_BLOCK, numpy.float32)
+
+
+def _numpy_gradient(buf, n, blk, p, slots, weights, weighted, codes, args):
+    g, t = buf.g[:n], buf.t[:n]
+    if weighted:
+        numpy.multiply(slots[0][blk], weights[0], out=g)
+        for slot, weight in zip(slots[1:], weights[1:]):
+            numpy.multiply(slot[blk], weight, out=t)
+            numpy.add(g, t, out=g)
+    else:
+        if len(slots) == 1:
+            numpy.copyto(g, slots[0][blk])
+        else:
+            numpy.add(slots[0][blk], slots[1][blk], out=g)
+            for slot in slots[2:]:
+                numpy.add(g, slot[blk], out=g)
+        if weights[0] != 1:
+            numpy.multiply(g, weights[0], out=g)
+    for code, (a, b) in zip(codes, args):
+        if code == _WEIGHT_DECAY:
+            numpy.multiply(p[blk], a, out=t)
+            numpy.add(g, t, out=g)
+        elif code == _LASSO:
+            numpy.sign(p[blk], out=t)
+            numpy.multiply(t, a, out=t)
+            numpy.add(g, t, out=g)
+        else:
+            numpy.clip(g, a, b, out=g)
+    return g
+
+
+def _numpy_sgd(p, slots, weights, weighted, codes, args, begin, end, lr):
+    buf = _NumpyBlocks()
+    for start in range(begin, end, NUMPY_BLOCK):
+        n = min(NUMPY_BLOCK, end - start)
+        blk = slice(start, start + n)
+        g = _numpy_gradient(buf, n, blk, p, slots, weights, weighted, codes,
+                            args)
+        numpy.multiply(g, lr, out=g)
+        numpy.subtract(p[blk], g, out=p[blk])
+
+
+def _numpy_momentum(p, slots, weights, weighted, codes, args, begin, end, v,
+                    lr, momentum):
+    buf = _NumpyBlocks()
+    for start in range(begin, end, NUMPY_BLOCK):
+        n = min(NUMPY_BLOCK, end - start)
+        blk = slice(start, start + n)
+        g = _numpy_gradient(buf, n, blk, p, slots, weights, weighted, codes,
+                            args)
+        vb, t = buf.u[:n], buf.t[:n]
+        numpy.multiply(v[blk], momentum, out=vb)
+        numpy.multiply(g, lr, out=t)
+        numpy.subtract(vb, t, out=v[blk])
+        numpy.add(p[blk], v[blk], out=p[blk])
+
+
+def _numpy_nesterov(p, slots, weights, weighted, codes, args, begin, end, v,
+                    lr, momentum, k_v, k_g):
+    buf = _NumpyBlocks()
+    for start in range(begin, end, NUMPY_BLOCK):
+        n = min(NUMPY_BLOCK, end - start)
+        blk = slice(start, start + n)
+        g = _numpy_gradient(buf, n, blk, p, slots, weights, weighted, codes,
+                            args)
+        vb, t = buf.u[:n], buf.t[:n]
+        numpy.multiply(v[blk], momentum, out=vb)
+        numpy.multiply(g, lr, out=t)
+        numpy.subtract(vb, t, out=vb)
+        v[blk] = vb
+        numpy.multiply(vb, k_v, out=vb)
+        pb = p[blk]
+        numpy.add(pb, vb, out=vb)
+        numpy.multiply(g, k_g, out=t)
+        numpy.subtract(vb, t, out=pb)
+
+
+def _numpy_adam(p, slots, weights, weighted, codes, args, begin, end, m, v,
+                vhat, c1, c2, alpha_t, eps, amsgrad, adabound, lower, upper,
+                decay, a, b):
+    buf = _NumpyBlocks()
+    for start in range(begin, end, NUMPY_BLOCK):
+        n = min(NUMPY_BLOCK, end - start)
+        blk = slice(start, start + n)
+        g = _numpy_gradient(buf, n, blk, p, slots, weights, weighted, codes,
+                            args)
+        t, u = buf.t[:n], buf.u[:n]
+        mb, vb = m[blk], v[blk]
+        numpy.subtract(g, mb, out=t)
+        numpy.multiply(t, c1, out=t)
+        numpy.add(mb, t, out=mb)
+        numpy.multiply(g, g, out=t)
+        numpy.subtract(t, vb, out=t)
+        numpy.multiply(t, c2, out=t)
+        numpy.add(vb, t, out=vb)
+        if amsgrad:
+            hb = vhat[blk]
+            numpy.maximum(hb, vb, out=hb)
+            numpy.sqrt(hb, out=t)
+        else:
+            numpy.sqrt(vb, out=t)
+        numpy.add(t, eps, out=t)
+        numpy.divide(alpha_t, t, out=t)
+        if adabound:
+            numpy.clip(t, lower, upper, out=t)
+        numpy.multiply(t, mb, out=t)
+        numpy.multiply(t, b, out=t)
+        pb = p[blk]
+        if decay:
+            numpy.multiply(pb, a, out=u)
+            numpy.add(u, t, out=pb)
+        else:
+            numpy.add(pb, t, out=pb)
+
+
+# -- the numba backend ---------------------------------------------------------
+
+if numba is not None:
+    # Loops index slices from 0 so that LLVM sees non-negative indices,
+    # drops numba's wraparound checks and vectorizes them.
+    _jit = numba.njit(nogil=True, cache=True, error_model='numpy')
+
+    @_jit
+    def _nb_gradient(g, n, start, p, slots, weights, weighted, codes, args):
+        stop = start + n
+        s = slots[0][start:stop]
+        k = 1
+        if weighted:
+            w = weights[0]
+            for j in range(n):
+                g[j] = s[j] * w
+            while k < len(slots):
+                s = slots[k][start:stop]
+                w = weights[k]
+                for j in range(n):
+                    g[j] = g[j] + s[j] * w
+                k += 1
+        else:
+            if len(slots) == 1:
+                for j in range(n):
+                    g[j] = s[j]
+            else:
+                t = slots[1][start:stop]
+                for j in range(n):
+                    g[j] = s[j] + t[j]
+                k = 2
+            # Two slots per pass over the block, in the same order.
+            while k + 1 < len(slots):
+                s = slots[k][start:stop]
+                t = slots[k + 1][start:stop]
+                for j in range(n):
+                    g[j] = (g[j] + s[j]) + t[j]
+                k += 2
+            if k < len(slots):
+                s = slots[k][start:stop]
+                for j in range(n):
+                    g[j] = g[j] + s[j]
+            w = weights[0]
+            if w != 1:
+                for j in range(n):
+                    g[j] = g[j] * w
+        pb = p[start:stop]
+        for h in range(codes.shape[0]):
+            code = codes[h]
+            a = args[h, 0]
+            b = args[h, 1]
+            if code == 0:
+                for j in range(n):
+                    g[j] = g[j] + pb[j] * a
+            elif code == 1:
+                for j in range(n):
+                    x = pb[j]
+                    if x > 0:
+                        g[j] = g[j] + a
+                    elif x < 0:
+                        g[j] = g[j] - a
+                    elif x != x:
+                        g[j] = g[j] + x
+            else:
+                for j in range(n):
+                    x = g[j]
+                    if x < a:
+                        x = a
+                    if x > b:
+                        x = b
+                    g[j] = x
+
+    @_jit
+    def _nb_sgd(p, slots, weights, weighted, codes, args, begin, end, lr):
+        g = numpy.empty(NUMBA_BLOCK, numpy.float32)
+        for start in range(begin, end, NUMBA_BLOCK):
+            n = min(NUMBA_BLOCK, end - start)
+            _nb_gradient(g, n, start, p, slots, weights, weighted, codes,
+                         args)
+            pb = p[start:start + n]
+            for j in range(n):
+                pb[j] = pb[j] - g[j] * lr
+
+    @_jit
+    def _nb_momentum_sgd(p, slots, weights, weighted, codes, args, begin,
+                         end, v, lr, momentum):
+        g = numpy.empty(NUMBA_BLOCK, numpy.float32)
+        for start in range(begin, end, NUMBA_BLOCK):
+            n = min(NUMBA_BLOCK, end - start)
+            _nb_gradient(g, n, start, p, slots, weights, weighted, codes,
+                         args)
+            pb = p[start:start + n]
+            vb = v[start:start + n]
+            for j in range(n):
+                vj = vb[j] * momentum - g[j] * lr
+                vb[j] = vj
+                pb[j] = pb[j] + vj
+
+    @_jit
+    def _nb_nesterov(p, slots, weights, weighted, codes, args, begin, end,
+                     v, lr, momentum, k_v, k_g):
+        g = numpy.empty(NUMBA_BLOCK, numpy.float32)
+        for start in range(begin, end, NUMBA_BLOCK):
+            n = min(NUMBA_BLOCK, end - start)
+            _nb_gradient(g, n, start, p, slots, weights, weighted, codes,
+                         args)
+            pb = p[start:start + n]
+            vb = v[start:start + n]
+            for j in range(n):
+                vj = vb[j] * momentum - g[j] * lr
+                vb[j] = vj
+                pb[j] = (pb[j] + vj * k_v) - g[j] * k_g
+
+    @_jit
+    def _nb_adam_block(g, r, n, pb, mb, vb, hb, c1, c2, alpha_t, eps,
+                       amsgrad, adabound, lower, upper, decay, a, b):
+        # Branch-free passes over the block (the flags are tested outside
+        # the loops), so that each loop vectorizes; r holds the step.
+        for j in range(n):
+            gj = g[j]
+            mj = mb[j]
+            mb[j] = mj + (gj - mj) * c1
+            vj = vb[j]
+            vb[j] = vj + (gj * gj - vj) * c2
+        if amsgrad:
+            for j in range(n):
+                hj = hb[j]
+                vj = vb[j]
+                # numpy.maximum: a NaN on either side wins.
+                hj = hj if hj >= vj or hj != hj else vj
+                hb[j] = hj
+                r[j] = alpha_t / (numpy.sqrt(hj) + eps)
+        else:
+            for j in range(n):
+                r[j] = alpha_t / (numpy.sqrt(vb[j]) + eps)
+        if adabound:
+            for j in range(n):
+                x = r[j]
+                x = lower if x < lower else x
+                r[j] = upper if x > upper else x
+        if decay:
+            for j in range(n):
+                pb[j] = pb[j] * a + (r[j] * mb[j]) * b
+        else:
+            for j in range(n):
+                pb[j] = pb[j] + (r[j] * mb[j]) * b
+
+    @_jit
+    def _nb_adam(p, slots, weights, weighted, codes, args, begin, end, m, v,
+                 vhat, c1, c2, alpha_t, eps, amsgrad, adabound, lower, upper,
+                 decay, a, b):
+        g = numpy.empty(NUMBA_BLOCK, numpy.float32)
+        r = numpy.empty(NUMBA_BLOCK, numpy.float32)
+        for start in range(begin, end, NUMBA_BLOCK):
+            n = min(NUMBA_BLOCK, end - start)
+            _nb_gradient(g, n, start, p, slots, weights, weighted, codes,
+                         args)
+            stop = start + n
+            _nb_adam_block(g, r, n, p[start:stop], m[start:stop],
+                           v[start:stop], vhat[start:stop], c1, c2, alpha_t,
+                           eps, amsgrad, adabound, lower, upper, decay, a, b)
+
+
+_NUMPY_KERNELS = {'sgd': _numpy_sgd, 'momentum_sgd': _numpy_momentum,
+                  'nesterov': _numpy_nesterov, 'adam': _numpy_adam}
+_NUMBA_KERNELS = {} if numba is None else {
+    'sgd': _nb_sgd, 'momentum_sgd': _nb_momentum_sgd,
+    'nesterov': _nb_nesterov, 'adam': _nb_adam}
+
+
+def kernels(backend):
+    """The four fused kernels of ``backend`` (``'numba'`` or ``'numpy'``);
+    numba compiles each on its first call (and caches it on disk)."""
+    return _NUMPY_KERNELS if backend == 'numpy' else _NUMBA_KERNELS
+
+
+# -- one class per rule --------------------------------------------------------
+
+def _f32(x):
+    return numpy.float32(x)
+
+
+def _fusable_array(array, size):
+    return (type(array) is numpy.ndarray and array.dtype == numpy.float32 and
+            array.flags.c_contiguous and array.size == size)
+
+
+class FusedRule(object):
+    """The fused form of one Chainer update rule class.
+
+    Subclasses name the rule class they replace, its state arrays and kernel,
+    and turn a rule's hyperparameters into the kernel's scalars in the same
+    float32 roundings as Chainer's NumPy expressions.
+    """
+
+    rule_type = None
+    state_keys = ()
+    kernel_name = None
+
+    def fuses(self, param):
+        """Whether ``param``'s update can run fused now.
+
+        Args:
+            param (chainer.Parameter): A master parameter.
+
+        Returns:
+            bool: False where Chainer's own rule must run (see the module).
+        """
+        rule = param.update_rule
+        if type(rule) is not self.rule_type or not rule.enabled:
+            return False
+        array = param.array
+        if not _fusable_array(array, array.size if array is not None else 0):
+            return False
+        state = rule.state
+        if state is None or rule_hooks(rule):
+            return False
+        for key in self.state_keys_of(rule):
+            if key not in state or not _fusable_array(state[key], array.size):
+                return False
+        return self.rule_ok(rule)
+
+    def state_keys_of(self, rule):
+        return self.state_keys
+
+    def rule_ok(self, rule):
+        return True
+
+    def scalars(self, rule):
+        """Advances ``rule.t`` as ``UpdateRule.update`` does and returns the
+        kernel's state arrays and scalars, in its argument order."""
+        raise NotImplementedError
+
+
+class FusedSGD(FusedRule):
+    rule_type = optimizers.sgd.SGDRule
+    kernel_name = 'sgd'
+
+    def scalars(self, rule):
+        rule.t += 1
+        return (), (_f32(rule.hyperparam.lr),)
+
+
+class FusedMomentumSGD(FusedRule):
+    rule_type = optimizers.momentum_sgd.MomentumSGDRule
+    state_keys = ('v',)
+    kernel_name = 'momentum_sgd'
+
+    def scalars(self, rule):
+        rule.t += 1
+        hp = rule.hyperparam
+        return (rule.state['v'],), (_f32(hp.lr), _f32(hp.momentum))
+
+
+class FusedNesterovAG(FusedRule):
+    rule_type = optimizers.nesterov_ag.NesterovAGRule
+    state_keys = ('v',)
+    kernel_name = 'nesterov'
+
+    def scalars(self, rule):
+        rule.t += 1
+        lr, momentum = rule.hyperparam.lr, rule.hyperparam.momentum
+        # Chainer: ``param += momentum * momentum * v`` and
+        # ``param -= (1 + momentum) * lr * grad``: the factors are Python
+        # floats, rounded to float32 once.
+        return (rule.state['v'],), (
+            _f32(lr), _f32(momentum), _f32(momentum * momentum),
+            _f32((1 + momentum) * lr))
+
+
+class FusedAdam(FusedRule):
+    """Adam with ``amsgrad``, ``adabound``, ``eta`` and
+    ``weight_decay_rate`` (also AdamW, AMSGrad, AdaBound, AMSBound)."""
+
+    rule_type = optimizers.adam.AdamRule
+    kernel_name = 'adam'
+
+    def state_keys_of(self, rule):
+        return ('m', 'v', 'vhat') if rule.hyperparam.amsgrad else ('m', 'v')
+
+    def rule_ok(self, rule):
+        eps = rule.hyperparam.eps
+        # Chainer raises for an eps that underflows float32: let it.
+        return not (eps != 0 and _f32(eps) == 0)
+
+    def scalars(self, rule):
+        rule.t += 1
+        hp = rule.hyperparam
+        state = rule.state
+        amsgrad, adabound = bool(hp.amsgrad), bool(hp.adabound)
+        lower, upper = rule.bounds if adabound else (0.0, 0.0)
+        a = 1.0 - hp.eta * hp.weight_decay_rate
+        return (state['m'], state['v'],
+                state['vhat'] if amsgrad else state['v']), (
+            _f32(1.0 - hp.beta1), _f32(1.0 - hp.beta2), _f32(rule.alpha_t),
+            _f32(hp.eps), amsgrad, adabound, _f32(lower), _f32(upper),
+            a != 1, _f32(a), _f32(-hp.eta))
+
+
+FUSED_RULES = {
+    optimizers.SGD: FusedSGD,
+    optimizers.MomentumSGD: FusedMomentumSGD,
+    optimizers.NesterovAG: FusedNesterovAG,
+    optimizers.Adam: FusedAdam,
+    optimizers.AdamW: FusedAdam,
+    optimizers.AMSGrad: FusedAdam,
+    optimizers.AdaBound: FusedAdam,
+    optimizers.AMSBound: FusedAdam,
+}
+
+
+def fused_rule_for(optimizer):
+    """The fused rule for ``optimizer``'s class, or None (Chainer's path).
+
+    Args:
+        optimizer (chainer.Optimizer): Any optimizer.
+    """
+    rule_class = FUSED_RULES.get(type(optimizer))
+    return None if rule_class is None else rule_class()
+
+
+# -- threads ---------------------------------------------------------------------
+
+class BlockPool(object):
+    """Runs the pieces of one chunk on the host's cores.
+
+    The calling thread computes one share itself; the others go to this
+    pool's threads. Errors in any piece are raised in the caller.
+
+    Args:
+        n_threads (int): Pieces per chunk (1: everything on the caller).
+    """
+
+    def __init__(self, n_threads):
+        if not isinstance(n_threads, int) or n_threads < 1:
+            raise ValueError('n_threads must be a positive integer, not '
+                             '{!r}'.format(n_threads))
+        self.n_threads = n_threads
+        self._executor = None
+        if n_threads > 1:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                n_threads - 1, thread_name_prefix='cgdp-host-block')
+
+    def run(self, jobs, block):
+        """Runs every ``(call, size)`` job, ``call(begin, end)`` over a
+        range of its elements, in about ``n_threads`` equal shares.
+
+        Args:
+            jobs (list of tuple): ``(call, size)`` per parameter.
+            block (int): Shares are cut at multiples of this.
+        """
+        total = sum(size for _, size in jobs)
+        if self._executor is None or total < MIN_SPLIT:
+            for call, size in jobs:
+                call(0, size)
+            return
+        share = -(-total // self.n_threads)
+        share = -(-share // block) * block
+        groups, group, room = [], [], share
+        for call, size in jobs:
+            begin = 0
+            while begin < size:
+                end = min(size, begin + room)
+                group.append((call, begin, end))
+                room -= end - begin
+                begin = end
+                if room == 0:
+                    groups.append(group)
+                    group, room = [], share
+        if group:
+            groups.append(group)
+        futures = [self._executor.submit(_run_group, g) for g in groups[1:]]
+        try:
+            _run_group(groups[0])
+        finally:
+            # Every piece ends before the chunk is published, even on error.
+            errors = [f.exception() for f in futures]
+        for error in errors:
+            if error is not None:
+                raise error
+
+    def close(self):
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+
+
+def _run_group(group):
+    for call, begin, end in group:
+        call(begin, end)
+
+
+# -- what the accumulator uses --------------------------------------------------
+
+class HostUpdate(object):
+    """The fused reduce and update of one optimizer on the host.
+
+    Args:
+        optimizer (chainer.GradientMethod): Set up on the master model.
+        fused_rule (FusedRule): From :func:`fused_rule_for`.
+        n_threads (int or None): Host threads per chunk; default: the CPU
+            count.
+        backend (str): ``'auto'``, ``'numba'`` or ``'numpy'``.
+    """
+
+    def __init__(self, optimizer, fused_rule, n_threads=None, backend='auto'):
+        self.optimizer = optimizer
+        self.fused_rule = fused_rule
+        self.backend = resolve_backend(backend)
+        self._kernel = kernels(self.backend)[fused_rule.kernel_name]
+        self._block = (NUMBA_BLOCK if self.backend == 'numba'
+                       else NUMPY_BLOCK)
+        if n_threads is None:
+            n_threads = max(1, os.cpu_count() or 1)
+        self._pool = BlockPool(n_threads)
+
+    def hooks(self, pre, post):
+        """The fused hook program for these optimizer hooks, or None."""
+        return hook_program(pre, post)
+
+    def partition(self, params, slots, fusable_hooks=True):
+        """Splits parameter names into (fused, Chainer's path).
+
+        Args:
+            params (dict): Name -> master parameter, for the names to update.
+            slots (dict): Name -> list of the gradient arrays to sum.
+            fusable_hooks (bool): False when the optimizer's hooks do not
+                fuse (then nothing does).
+        """
+        fused, other = [], []
+        for name, param in params.items():
+            size = param.array.size if param.array is not None else -1
+            if fusable_hooks and self.fused_rule.fuses(param) and all(
+                    _fusable_array(s, size) for s in slots[name]):
+                fused.append(name)
+            else:
+                other.append(name)
+        return fused, other
+
+    def update(self, params, slots, weights, weighted, program):
+        """Sums, hooks and updates each parameter in one pass.
+
+        Args:
+            params (list of chainer.Parameter): Parameters that
+                :meth:`partition` fused.
+            slots (list of list of numpy.ndarray): Per parameter, the
+                gradients to sum (one per replica, or the reduced one).
+            weights (list of float): Per slot, its weight if ``weighted``;
+                else ``weights[0]`` scales the plain sum.
+            weighted (bool): ``sum(w * slot)`` (unequal shares) rather than
+                ``w * sum(slot)``.
+            program (tuple): From :meth:`hooks`.
+        """
+        codes, args = program
+        weights = numpy.asarray(weights, dtype=numpy.float32)
+        weighted = bool(weighted)
+        kernel = self._kernel
+        jobs = []
+        for param, grads in zip(params, slots):
+            state, scalars = self.fused_rule.scalars(param.update_rule)
+            p = param.array.reshape(-1)
+            flat = tuple(g.reshape(-1) for g in grads)
+            state = tuple(s.reshape(-1) for s in state)
+            jobs.append((_Job(kernel, p, flat, weights, weighted, codes,
+                              args, state, scalars), p.size))
+        self._pool.run(jobs, self._block)
+
+    def close(self):
+        """Stops the block threads."""
+        self._pool.close()
+
+
+class _Job(object):
+    """One parameter's kernel call over a range of its elements."""
+
+    def __init__(self, kernel, p, slots, weights, weighted, codes, args,
+                 state, scalars):
+        self.kernel = kernel
+        self.head = (p, slots, weights, weighted, codes, args)
+        self.tail = state + scalars
+
+    def __call__(self, begin, end):
+        self.kernel(*self.head, begin, end, *self.tail)
+
+
+def make_host_update(optimizer, n_threads=None, backend='auto'):
+    """The fused host update for ``optimizer``, or None where its class has
+    no fused rule (the accumulator then runs Chainer's rules).
+
+    Args:
+        optimizer (chainer.GradientMethod): Set up on the master model.
+        n_threads (int or None): Host threads per chunk.
+        backend (str): ``'auto'``, ``'numba'`` or ``'numpy'``.
+    """
+    fused_rule = fused_rule_for(optimizer)
+    if fused_rule is None:
+        return None
+    return HostUpdate(optimizer, fused_rule, n_threads=n_threads,
+                      backend=backend)
+
+
+# -- the cost model's measurement ----------------------------------------------
+
+OPTIMIZERS = {
+    'sgd': lambda: optimizers.SGD(lr=0.01),
+    'momentum_sgd': lambda: optimizers.MomentumSGD(lr=0.01, momentum=0.9),
+    'nesterov_ag': lambda: optimizers.NesterovAG(lr=0.01, momentum=0.9),
+    'adam': lambda: optimizers.Adam(alpha=0.001),
+}
+
+
+def make_optimizer(name):
+    """A fresh optimizer by its short name (see :data:`OPTIMIZERS`).
+
+    Raises:
+        ValueError: ``name`` is unknown.
+    """
+    if name not in OPTIMIZERS:
+        raise ValueError('optimizer must be one of {}, not {!r}'.format(
+            ', '.join(sorted(OPTIMIZERS)), name))
+    return OPTIMIZERS[name]()
+
+
+def necessary_bytes(optimizer_name, n_elements, n_slots, itemsize=4):
+    """Bytes one fused update must move: each slot read once, the parameter
+    and each state array read and written once.
+
+    Args:
+        optimizer_name (str): A key of :data:`OPTIMIZERS`.
+        n_elements (int): Parameter elements.
+        n_slots (int): Gradient slots summed.
+        itemsize (int): Bytes per element.
+    """
+    states = {'sgd': 0, 'momentum_sgd': 1, 'nesterov_ag': 1, 'adam': 2}
+    if optimizer_name not in states:
+        raise ValueError('optimizer must be one of {}, not {!r}'.format(
+            ', '.join(sorted(states)), optimizer_name))
+    return itemsize * n_elements * (n_slots + 2 * (1 + states[optimizer_name]))
+
+
+def measure_seconds_per_element(optimizer_name, n_slots, n_elements=1 << 22,
+                                repeats=3, n_threads=None, backend='auto',
+                                shapes=None):
+    """Host seconds per parameter element of one fused reduce and update.
+
+    For the cost model: a chunk of ``n`` parameter elements costs about
+    ``n * measure_seconds_per_element(...)`` seconds on this host. The
+    parameters are ``shapes`` (default: one array of ``n_elements``), with
+    ``n_slots`` gradient slots summed with 'mean' weights; the best of
+    ``repeats`` timed updates after one that warms up (and compiles).
+
+    Args:
+        optimizer_name (str): ``'sgd'``, ``'momentum_sgd'``,
+            ``'nesterov_ag'`` or ``'adam'``.
+        n_slots (int): Replica slots summed per update (>= 1).
+        n_elements (int): Elements when ``shapes`` is None.
+        repeats (int): Timed updates (>= 1).
+        n_threads (int or None): Host threads (default: the CPU count).
+        backend (str): ``'auto'``, ``'numba'`` or ``'numpy'``.
+        shapes (list of tuple or None): Parameter shapes to measure.
+
+    Returns:
+        float: Seconds per element.
+    """
+    updater = FusedBench(optimizer_name, n_slots, shapes or [(n_elements,)],
+                         n_threads=n_threads, backend=backend)
+    try:
+        return updater.best_seconds(repeats) / updater.n_elements
+    finally:
+        updater.close()
+
+
+class FusedBench(object):
+    """A master model of given shapes with random gradient slots, updated
+    fused or through Chainer's rules: what the benchmark and the cost model
+    time.
+
+    Args:
+        optimizer_name (str): A key of :data:`OPTIMIZERS`.
+        n_slots (int): Replica slots made (>= 1); a step may use fewer.
+        shapes (list of tuple): Parameter shapes.
+        n_threads (int or None): Host threads of the fused update.
+        backend (str): ``'auto'``, ``'numba'`` or ``'numpy'``.
+        seed (int): Seeds the random values.
+    """
+
+    def __init__(self, optimizer_name, n_slots, shapes, n_threads=None,
+                 backend='auto', seed=0):
+        if not isinstance(n_slots, int) or n_slots < 1:
+            raise ValueError('n_slots must be a positive integer, not '
+                             '{!r}'.format(n_slots))
+        self.optimizer_name = optimizer_name
+        self.optimizer = make_optimizer(optimizer_name)
+        rng = numpy.random.default_rng(seed)
+        link = chainer.Link()
+        with link.init_scope():
+            for i, shape in enumerate(shapes):
+                setattr(link, 'p{}'.format(i), chainer.Parameter(
+                    rng.random(shape, dtype=numpy.float32) - 0.5))
+        self.optimizer.setup(link)
+        self.params = [p for _, p in sorted(link.namedparams())]
+        self.n_elements = sum(p.size for p in self.params)
+        self.n_slots = n_slots
+        self.slots = [[rng.random(p.shape, dtype=numpy.float32) - 0.5
+                       for _ in range(n_slots)] for p in self.params]
+        for p in self.params:
+            p.grad = numpy.zeros_like(p.array)
+            # Chainer's first update creates the state, as in training.
+            p.update_rule.update(p)
+        self.host_update = make_host_update(self.optimizer,
+                                            n_threads=n_threads,
+                                            backend=backend)
+        self._program = hook_program([], [])
+        self._n_threads = n_threads
+
+    def with_backend(self, backend):
+        """The same arrays and optimizer, updated by ``backend``."""
+        other = copy.copy(self)
+        other.host_update = make_host_update(
+            self.optimizer, n_threads=self._n_threads, backend=backend)
+        return other
+
+    def fused_step(self, n_slots=None):
+        """One fused reduce ('mean') and update of every parameter.
+
+        Args:
+            n_slots (int or None): Slots summed (default: all).
+        """
+        n = n_slots or self.n_slots
+        self.optimizer.t += 1
+        self.host_update.update(self.params, [s[:n] for s in self.slots],
+                                [1.0 / n] * n, False, self._program)
+
+    def chainer_step(self, n_slots=None):
+        """The same through the accumulator's block reduction into
+        ``param.grad`` and Chainer's update rules (the unfused path)."""
+        from cgdp_chainer import accumulator
+        n = n_slots or self.n_slots
+        self.optimizer.t += 1
+        for p, slots in zip(self.params, self.slots):
+            accumulator.reduce_sum(p.grad, slots[:n], 1.0 / n)
+            p.update()
+
+    def best_seconds(self, repeats, step=None, n_slots=None):
+        """Best wall time of ``repeats`` steps after one warm-up step."""
+        step = step or self.fused_step
+        step(n_slots)
+        best = math.inf
+        for _ in range(repeats):
+            start = time.perf_counter()
+            step(n_slots)
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    def close(self):
+        """Stops the fused update's threads."""
+        self.host_update.close()

@@ -1,0 +1,218 @@
+"""Arrays in shared memory, laid out once and opened by name in workers.
+
+The user's process creates each segment (``multiprocessing.shared_memory``,
+so that its resource tracker removes the segment even if the process is
+killed) and describes it with a picklable :class:`ArenaLayout`. Worker
+processes map the segment by name without registering it with a resource
+tracker of their own: only its creator may remove it.
+"""
+import collections
+import mmap
+import os
+from multiprocessing import shared_memory
+
+import numpy
+
+# Every array starts on a cache line (and a 4 KiB page where it is large),
+# so that blocks of two arrays never share a line between processes.
+_ALIGN = 64
+_PAGE = 4096
+
+ArenaLayout = collections.namedtuple(
+    'ArenaLayout', ('segment', 'size', 'entries'))
+ArenaLayout.__doc__ = """Where each array of a shared arena lies.
+
+Attributes:
+    segment (str): Name of the shared-memory segment.
+    size (int): Bytes of the segment.
+    entries (tuple): ``(name, shape, dtype string, offset)`` per array.
+"""
+
+
+def _aligned(offset, n_bytes):
+    align = _PAGE if n_bytes >= _PAGE else _ALIGN
+    return (offset + align - 1) // align * align
+
+
+def plan_layout(specs):
+    """Offsets of arrays packed into one segment.
+
+    Args:
+        specs (list): ``(name, shape, dtype)`` per array.
+
+    Returns:
+        tuple: ``(entries, size)`` as in :class:`ArenaLayout`.
+    """
+    entries = []
+    offset = 0
+    for name, shape, dtype in specs:
+        dtype = numpy.dtype(dtype)
+        n_bytes = int(numpy.prod(shape, dtype=numpy.int64)) * dtype.itemsize
+        offset = _aligned(offset, n_bytes)
+        entries.append((name, tuple(shape), dtype.str, offset))
+        offset += n_bytes
+    return tuple(entries), max(offset, 1)
+
+
+class SharedArena(object):
+    """Named arrays in one shared-memory segment.
+
+    Build it with :meth:`create` in the process that owns the memory, or
+    :meth:`attach` in a worker given the owner's :attr:`layout`.
+    """
+
+    def __init__(self, layout, buffer, closer):
+        self.layout = layout
+        self._buffer = buffer
+        self._closer = closer
+        self.arrays = collections.OrderedDict()
+        for name, shape, dtype, offset in layout.entries:
+            count = int(numpy.prod(shape, dtype=numpy.int64))
+            self.arrays[name] = numpy.frombuffer(
+                buffer, dtype=numpy.dtype(dtype), count=count,
+                offset=offset).reshape(shape)
+
+    @classmethod
+    def create(cls, specs, prefix='cgdp'):
+        """Allocates a segment for ``specs`` (``(name, shape, dtype)``),
+        zero-filled."""
+        entries, size = plan_layout(specs)
+        segment = shared_memory.SharedMemory(create=True, size=size)
+        layout = ArenaLayout(segment.name, size, entries)
+
+        def close():
+            # Unlinking first: closing fails while an array still maps it.
+            segment.unlink()
+            segment.close()
+        return cls(layout, segment.buf, close)
+
+    @classmethod
+    def attach(cls, layout):
+        """Maps an existing segment in a worker process."""
+        path = os.path.join('/dev/shm', layout.segment.lstrip('/'))
+        fd = os.open(path, os.O_RDWR)
+        try:
+            mapped = mmap.mmap(fd, layout.size)
+        finally:
+            os.close(fd)
+        return cls(layout, mapped, mapped.close)
+
+    @property
+    def n_bytes(self):
+        return self.layout.size
+
+    def close(self):
+        """Releases the mapping (and removes the segment, in its creator).
+
+        The arrays of :attr:`arrays` must not be used afterwards.
+        """
+        if self._closer is None:
+            return
+        self.arrays = collections.OrderedDict()
+        buffer, self._buffer = self._buffer, None
+        del buffer
+        closer, self._closer = self._closer, None
+        try:
+            closer()
+        except BufferError:
+            # An array of the arena is still referenced somewhere: leave
+            # the mapping to the garbage collector, but remove the name.
+            pass
+
+
+def array_specs(arrays):
+    """``(name, shape, dtype)`` of a mapping of arrays, in its order."""
+    return [(name, a.shape, a.dtype) for name, a in arrays.items()]
+
+
+class BatchBuffer(object):
+    """One replica's input arrays for an iteration, in a segment that grows.
+
+    The user's process writes the converted sub-batch (:meth:`write`) and
+    sends the returned description; the worker reads it back with
+    :func:`read_batch`. Inputs never go through a pipe as pickles.
+    """
+
+    def __init__(self):
+        self._segment = None
+
+    def write(self, in_arrays):
+        """Copies ``in_arrays`` (an array, a tuple of arrays or a dict of
+        them) into the segment.
+
+        Returns:
+            tuple: ``(segment name, size, structure, entries)``, picklable.
+        """
+        structure, flat = _flatten_inputs(in_arrays)
+        entries, size = plan_layout(
+            [(str(i), a.shape, a.dtype) for i, a in enumerate(flat)])
+        if self._segment is None or self._segment.size < size:
+            self.close()
+            self._segment = shared_memory.SharedMemory(
+                create=True, size=max(size * 2, _PAGE))
+        for (_, shape, dtype, offset), array in zip(entries, flat):
+            view = numpy.frombuffer(self._segment.buf, dtype=dtype,
+                                    count=array.size,
+                                    offset=offset).reshape(shape)
+            view[...] = array
+            del view
+        return (self._segment.name, self._segment.size, structure, entries)
+
+    def close(self):
+        if self._segment is not None:
+            self._segment.unlink()
+            self._segment.close()
+            self._segment = None
+
+
+class BatchReader(object):
+    """The worker's side of :class:`BatchBuffer`: copies a sub-batch out of
+    the segment named in the job (so the owner may replace it later)."""
+
+    def __init__(self):
+        self._name = None
+        self._mapped = None
+
+    def read(self, description):
+        name, size, structure, entries = description
+        if name != self._name:
+            self.close()
+            path = os.path.join('/dev/shm', name.lstrip('/'))
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                self._mapped = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+            finally:
+                os.close(fd)
+            self._name = name
+        flat = []
+        for _, shape, dtype, offset in entries:
+            count = int(numpy.prod(shape, dtype=numpy.int64))
+            view = numpy.frombuffer(self._mapped, dtype=numpy.dtype(dtype),
+                                    count=count, offset=offset)
+            flat.append(view.reshape(shape).copy())
+            del view
+        return _unflatten_inputs(structure, flat)
+
+    def close(self):
+        if self._mapped is not None:
+            self._mapped.close()
+            self._mapped = None
+            self._name = None
+
+
+def _flatten_inputs(in_arrays):
+    if isinstance(in_arrays, tuple):
+        return ('tuple', len(in_arrays)), [numpy.asarray(a) for a in in_arrays]
+    if isinstance(in_arrays, dict):
+        keys = list(in_arrays)
+        return ('dict', keys), [numpy.asarray(in_arrays[k]) for k in keys]
+    return ('array', None), [numpy.asarray(in_arrays)]
+
+
+def _unflatten_inputs(structure, flat):
+    kind, detail = structure
+    if kind == 'tuple':
+        return tuple(flat)
+    if kind == 'dict':
+        return dict(zip(detail, flat))
+    return flat[0]
