@@ -137,9 +137,17 @@ class Timeline(object):
         return {'traceEvents': trace, 'displayTimeUnit': 'ms'}
 
     def export_chrome_trace(self, path):
-        """Writes :meth:`to_chrome_trace` as JSON to ``path``."""
-        with open(path, 'w') as f:
-            json.dump(self.to_chrome_trace(), f)
+        """Writes :meth:`to_chrome_trace` as JSON to ``path``, atomically.
+
+        Args:
+            path (str): The trace file; replaced only once the new trace is
+                complete (:func:`cgdp_chainer.files.atomic_write`). Its
+                folder must exist.
+        """
+        from cgdp_chainer import files
+        text = json.dumps(self.to_chrome_trace())
+        with files.atomic_write(path, 'w') as f:
+            f.write(text)
 
 
 class _Span(object):

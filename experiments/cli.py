@@ -17,6 +17,7 @@ warnings.filterwarnings('ignore', message='pkg_resources is deprecated',
                         category=UserWarning)
 
 from cgdp_chainer import devices as devices_module  # NOQA: after the filter
+from cgdp_chainer import files  # NOQA: E402
 
 EXIT_USAGE = 2
 
@@ -155,7 +156,7 @@ def single_device(text):
     specs = device_list(text)
     if len(specs) != 1:
         raise argparse.ArgumentTypeError(
-            'takes one device, got {}; use --devices for a list'.format(
+            'takes one device, got {}'.format(
                 len(specs)))
     return specs
 
@@ -214,3 +215,55 @@ def check_image_size(net, image_size):
         models.check_image_size(net, image_size)
     except ValueError as error:
         fail(str(error))
+
+
+def check_chunk_size(chunk_size, net, n_stages):
+    """Fails (exit 2) if an integer chunk size exceeds the network's stages.
+
+    A chunk holds whole stages, so a size above the stage count cannot be
+    planned; policies (``'auto'``, ``'model'``) fit any network.
+
+    Args:
+        chunk_size (int, str or None): The ``--chunk-size`` value (``None``
+            for the default, which fits every network).
+        net (str): Network name, for the message.
+        n_stages (int): The network's number of stages
+            (``len(model.stages)``).
+    """
+    if isinstance(chunk_size, int) and chunk_size > n_stages:
+        fail('--chunk-size {} is more stages than {} has ({}); use 1 '
+             "to {}, 'auto' or 'model'".format(chunk_size, net, n_stages,
+                                               n_stages))
+
+
+def check_output_folder(option, path):
+    """Fails (exit 2) unless ``path`` is, or can become, a writable folder.
+
+    Probes without leaving anything behind
+    (:func:`cgdp_chainer.files.check_writable_folder`).
+
+    Args:
+        option (str): The option or argument that named the folder, for
+            the message (``'--out'``).
+        path (str): The folder.
+    """
+    try:
+        files.check_writable_folder(path)
+    except ValueError as error:
+        fail('{}: {}'.format(option, error))
+
+
+def check_output_file(option, path):
+    """Fails (exit 2) unless a file can be written at ``path``.
+
+    Probes the file's folder (created later if missing) without leaving
+    anything behind (:func:`cgdp_chainer.files.check_writable_file`).
+
+    Args:
+        option (str): The option that named the file (``'--trace'``).
+        path (str): The file.
+    """
+    try:
+        files.check_writable_file(path)
+    except ValueError as error:
+        fail('{}: {}'.format(option, error))

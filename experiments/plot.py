@@ -15,14 +15,24 @@ of each network's own folder.
 
 :mod:`experiments.weak_scaling` draws its figures with the same functions
 from the CSVs it has just written, so a redraw gives the same pictures.
+
+As the recovery tool it draws from whatever a run left: a ``runs.csv``
+whose last row was cut short (its complete rows are used), no or a damaged
+``summary.csv`` (derived again from ``runs.csv``), an empty or cut
+``env.json`` (titles without the run's settings). Each such repair is
+printed as a ``note:`` line naming the file; only when nothing at all can
+be drawn does it end with one ``error:`` line (exit 2). Figures are written
+atomically, so an interrupted redraw leaves the previous figure.
 """
 import os
+import sys
 
 import matplotlib
 matplotlib.use('Agg')  # files only; no display is needed (or present)
 import matplotlib.pyplot as plt  # NOQA: E402 (after the backend choice)
 from matplotlib.patches import Patch  # NOQA: E402
 
+from cgdp_chainer import files  # NOQA: E402
 from experiments import cli  # NOQA: E402 (one-line errors, exit 2)
 from experiments import results  # NOQA: E402
 
@@ -55,6 +65,18 @@ KIND_COLORS = {
 }
 
 DPI = 100
+
+
+def _save(fig, path):
+    """Writes ``fig`` to ``path`` atomically and closes it."""
+    try:
+        with files.atomic_path(path) as temporary:
+            # The format from the target's name: the temporary one keeps
+            # the extension, but saying so leaves no doubt.
+            fig.savefig(temporary, dpi=DPI,
+                        format=os.path.splitext(path)[1][1:] or None)
+    finally:
+        plt.close(fig)
 
 
 def _mode_style(mode, index):
@@ -146,8 +168,7 @@ def draw_efficiency(summary, env, path):
     ax.set_title('Weak-scaling efficiency\n' + _setting_line(env))
     ax.legend(loc='lower left', fontsize='small')
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def draw_throughput(summary, env, path):
@@ -182,8 +203,7 @@ def draw_throughput(summary, env, path):
     ax.grid(True, alpha=0.3)
     ax.legend(loc='upper left', fontsize='small')
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def draw_speedup(summary, env, path):
@@ -226,8 +246,7 @@ def draw_speedup(summary, env, path):
     ax.grid(True, axis='y', alpha=0.3)
     ax.legend(loc='upper left', fontsize='small')
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    _save(fig, path)
     return True
 
 
@@ -324,48 +343,127 @@ def draw_timeline(rows, env, path):
               title='kind')
     ax.grid(True, axis='x', alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    _save(fig, path)
     return True
 
 
 # ---------------------------------------------------------------- run folders
 
-def load_summary(run_dir):
+def _note(notes, message):
+    if notes is not None:
+        notes.append(message)
+
+
+def _read_rows(path, columns, notes, appended=False):
+    """The complete rows of a results CSV, or ``None`` where it is damaged.
+
+    Args:
+        path (str): The CSV file.
+        columns (sequence of str): Its expected header.
+        notes (list or None): Gets a sentence on any damage.
+        appended (bool): The file is written row by row (``runs.csv``),
+            so a last row cut short is an interrupted run: its complete
+            rows are used. A file written whole cannot be cut short by an
+            interruption, so there a cut row is damage.
+
+    Returns:
+        list of dict or None: The rows; ``None`` for a damaged file.
+    """
+    try:
+        results.check_columns(path, columns)
+        rows = results.read_csv(path)
+    except ValueError as error:
+        _note(notes, str(error))
+        return None
+    cut = results.incomplete_last_line(path)
+    if cut is not None and not appended:
+        _note(notes, '{} is damaged: line {} is cut short'.format(path, cut))
+        return None
+    if cut is not None:
+        _note(notes, '{}: line {} was cut short (an interrupted run); '
+                     'drawn from the {} complete rows'.format(
+                         path, cut, len(rows)))
+    return rows
+
+
+def load_summary(run_dir, notes=None):
     """The run's summary rows: ``summary.csv``, else derived from runs.csv.
+
+    ``summary.csv`` is derived from ``runs.csv``, so where it is missing
+    or damaged the rows are derived again from the complete rows of
+    ``runs.csv``.
 
     Args:
         run_dir (str): The run folder.
+        notes (list or None): Gets a sentence for each file that was
+            damaged, cut short or replaced by another.
 
     Returns:
-        list of dict: Possibly empty (a run interrupted before any row).
+        list of dict: Possibly empty (a run interrupted before any row,
+        or no readable file).
     """
     summary_path = os.path.join(run_dir, results.SUMMARY_FILE)
-    if os.path.exists(summary_path):
-        return results.read_csv(summary_path)
     runs_path = os.path.join(run_dir, results.RUNS_FILE)
+    if os.path.exists(summary_path):
+        rows = _read_rows(summary_path, results.SUMMARY_COLUMNS, notes)
+        if rows is not None:
+            return rows
+        if os.path.exists(runs_path):
+            _note(notes, 'derived the summary again from {}'.format(
+                runs_path))
     if os.path.exists(runs_path):
-        return results.summarize(results.read_csv(runs_path))
+        runs = _read_rows(runs_path, results.RUNS_COLUMNS, notes,
+                          appended=True)
+        if runs:
+            return results.summarize(runs)
     return []
 
 
-def _load_env(run_dir):
+def _load_env(run_dir, notes=None):
     path = os.path.join(run_dir, results.ENV_FILE)
-    return results.read_json(path) if os.path.exists(path) else {}
+    if not os.path.exists(path):
+        return {}
+    try:
+        env = results.read_json(path)
+    except ValueError as error:
+        _note(notes, '{}; the titles lack the run\'s settings'.format(
+            error))
+        return {}
+    if not isinstance(env, dict):
+        _note(notes, '{} holds no settings object; the titles lack the '
+                     'run\'s settings'.format(path))
+        return {}
+    return env
 
 
-def draw_run(run_dir):
+def _load_timeline(run_dir, notes=None):
+    path = os.path.join(run_dir, results.TIMELINE_FILE)
+    if not os.path.exists(path):
+        return []
+    rows = _read_rows(path, results.TIMELINE_COLUMNS, notes)
+    if rows is None:
+        _note(notes, 'no {}: {} is damaged'.format(TIMELINE_PNG, path))
+        return []
+    return rows
+
+
+def draw_run(run_dir, notes=None):
     """Draws every figure of one network's run folder from its files.
+
+    Damaged files are skipped or replaced (see the module's docstring),
+    each with a sentence in ``notes``.
 
     Args:
         run_dir (str): ``<root>/<net>/<run-id>``.
+        notes (list or None): Gets a sentence for each damaged file and
+            how it was dealt with.
 
     Returns:
         list of str: The PNG files written (figures without data are
         skipped).
     """
-    env = _load_env(run_dir)
-    summary = load_summary(run_dir)
+    env = _load_env(run_dir, notes)
+    summary = load_summary(run_dir, notes)
     written = []
     if summary:
         path = os.path.join(run_dir, EFFICIENCY_PNG)
@@ -377,28 +475,48 @@ def draw_run(run_dir):
         path = os.path.join(run_dir, SPEEDUP_PNG)
         if draw_speedup(summary, env, path):
             written.append(path)
-    timeline_path = os.path.join(run_dir, results.TIMELINE_FILE)
-    if os.path.exists(timeline_path):
+    timeline = _load_timeline(run_dir, notes)
+    if timeline:
         path = os.path.join(run_dir, TIMELINE_PNG)
-        if draw_timeline(results.read_csv(timeline_path), env, path):
+        if draw_timeline(timeline, env, path):
             written.append(path)
     return written
 
 
-def draw_all(all_dir):
+def _load_index(all_dir, notes=None):
+    """The ``nets`` of a ``--net all`` folder's index, or ``None``."""
+    path = os.path.join(all_dir, results.INDEX_FILE)
+    try:
+        index = results.read_json(path)
+    except ValueError as error:
+        _note(notes, '{}; the networks\' folders are unknown'.format(error))
+        return None
+    nets = index.get('nets') if isinstance(index, dict) else None
+    if not isinstance(nets, dict):
+        _note(notes, '{} is damaged: it has no "nets" object; the networks\' '
+                     'folders are unknown'.format(path))
+        return None
+    return nets
+
+
+def draw_all(all_dir, notes=None):
     """Draws ``efficiency_all.png`` of a ``--net all`` run, side by side.
 
     Args:
         all_dir (str): ``<root>/all/<run-id>``, holding ``index.json``
             whose ``nets`` maps each network to its run folder (relative to
             ``all_dir``).
+        notes (list or None): Gets a sentence if ``index.json`` is damaged
+            (the networks' own files are reported by :func:`draw_run`).
 
     Returns:
         str or None: The PNG file, or None where no network has data.
     """
-    index = results.read_json(os.path.join(all_dir, results.INDEX_FILE))
+    nets = _load_index(all_dir, notes)
+    if nets is None:
+        return None
     panels = []
-    for net, relative in index['nets'].items():
+    for net, relative in nets.items():
         net_dir = os.path.normpath(os.path.join(all_dir, relative))
         summary = load_summary(net_dir)
         if summary:
@@ -422,34 +540,43 @@ def draw_all(all_dir):
         panels[0][1].get('device_kind', '?')))
     fig.tight_layout()
     path = os.path.join(all_dir, EFFICIENCY_ALL_PNG)
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    _save(fig, path)
     return path
 
 
-def draw_any(folder):
+def draw_any(folder, notes=None):
     """Draws every figure of a run folder or of a ``--net all`` folder.
 
     Args:
         folder (str): ``<root>/<net>/<run-id>`` or ``<root>/all/<run-id>``.
+        notes (list or None): Gets a sentence for each damaged file.
 
     Returns:
         list of str: The PNG files written.
     """
     if os.path.exists(os.path.join(folder, results.INDEX_FILE)):
-        index = results.read_json(os.path.join(folder, results.INDEX_FILE))
+        nets = _load_index(folder, notes)
+        if nets is None:
+            return []
         written = []
-        for relative in index['nets'].values():
+        for relative in nets.values():
             net_dir = os.path.normpath(os.path.join(folder, relative))
             if os.path.isdir(net_dir):
-                written += draw_run(net_dir)
+                written += draw_run(net_dir, notes)
+            else:
+                _note(notes, '{} names {}, which is not a folder'.format(
+                    os.path.join(folder, results.INDEX_FILE), net_dir))
         combined = draw_all(folder)
         return written + ([combined] if combined else [])
-    return draw_run(folder)
+    return draw_run(folder, notes)
 
 
 def main(argv=None):
     """Redraws the figures of the run folder given on the command line.
+
+    Prints each figure written, and a ``note:`` line on stderr for each
+    damaged file it worked around; exits with 2 and one ``error:`` line
+    when no figure can be drawn.
 
     Args:
         argv (list of str or None): Arguments (default: ``sys.argv[1:]``).
@@ -464,19 +591,29 @@ def main(argv=None):
     folder = args.run_dir
     if not os.path.isdir(folder):
         cli.fail('{} is not a folder; pass a run folder such as '
-              'results/resnet152/<run-id>'.format(folder))
+                 'results/resnet152/<run-id>'.format(folder))
     has_data = any(os.path.exists(os.path.join(folder, name)) for name in
                    (results.RUNS_FILE, results.SUMMARY_FILE,
                     results.TIMELINE_FILE, results.INDEX_FILE))
     if not has_data:
-        cli.fail('{} holds none of {}, {}, {} or {}; is it a run folder?'.format(
-            folder, results.RUNS_FILE, results.SUMMARY_FILE,
-            results.TIMELINE_FILE, results.INDEX_FILE))
-    written = draw_any(folder)
+        cli.fail('{} holds none of {}, {}, {} or {}; is it a run '
+                 'folder?'.format(folder, results.RUNS_FILE,
+                                  results.SUMMARY_FILE, results.TIMELINE_FILE,
+                                  results.INDEX_FILE))
+    # The figures go next to the data: a read-only copy fails here, not
+    # after the first figure is drawn.
+    cli.check_output_folder('RUN_DIR', folder)
+    notes = []
+    written = draw_any(folder, notes)
+    for note in notes:
+        sys.stderr.write('note: {}\n'.format(note))
     for path in written:
         print(path)
     if not written:
-        print('no figure drawn: {} has no measured rows yet'.format(folder))
+        if notes:
+            cli.fail('no figure drawn: {}'.format(notes[0]))
+        cli.fail('no figure drawn: {} has no complete measured row '
+                 'yet'.format(folder))
 
 
 if __name__ == '__main__':

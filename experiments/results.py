@@ -16,11 +16,19 @@ A run folder ``<root>/<net>/<run-id>/`` holds:
   settings of the run (:func:`collect_env`).
 - the figures drawn by :mod:`experiments.plot`.
 
+Whole files are written atomically (:mod:`cgdp_chainer.files`): a crash
+leaves the previous file or the complete new one. ``runs.csv`` is the
+exception, appended row by row (:class:`CsvAppender`) so that an
+interrupted run keeps every finished iteration; a crash may cut its last
+row short, and :func:`read_csv` drops such a row. A file damaged in any
+other way raises :class:`DamagedFileError`, naming the file and line.
+
 ``<root>/all/<run-id>/index.json`` (:data:`INDEX_FILE`) ties together the
 per-network folders of one ``--net all`` run.
 """
 import csv
 import datetime
+import io
 import json
 import os
 import platform
@@ -28,6 +36,8 @@ import shlex
 import subprocess
 
 import numpy
+
+from cgdp_chainer import files
 
 RUNS_FILE = 'runs.csv'
 SUMMARY_FILE = 'summary.csv'
@@ -125,11 +135,28 @@ def _parse_cell(column, text):
     return text
 
 
+class DamagedFileError(ValueError):
+    """A results file that cannot be read back as written.
+
+    Args:
+        path (str): The file.
+        problem (str): What is wrong, with the line where it applies.
+    """
+
+    def __init__(self, path, problem):
+        super(DamagedFileError, self).__init__(
+            '{} is damaged: {}'.format(path, problem))
+        self.path = path
+        self.problem = problem
+
+
 class CsvAppender(object):
     """Writes a CSV file row by row, flushing each row to disk.
 
     An interrupted experiment keeps every row written before the
-    interruption. Use as a context manager or call :meth:`close`.
+    interruption; a crash in the middle of a row leaves that row cut
+    short, without its line end, and :func:`read_csv` drops it. Use as a
+    context manager or call :meth:`close`.
 
     Args:
         path (str): The file; it is created (or emptied) with a header.
@@ -170,32 +197,90 @@ class CsvAppender(object):
 
 
 def write_csv(path, columns, rows):
-    """Writes all ``rows`` to ``path`` with a header.
+    """Writes all ``rows`` to ``path`` with a header, atomically.
 
     Args:
-        path (str): The file.
+        path (str): The file; replaced only once the new one is complete.
         columns (sequence of str): The column names, in order.
         rows (iterable of dict): A value for every column.
+
+    Raises:
+        KeyError: A column is missing from a row (``path`` is unchanged).
     """
-    with CsvAppender(path, columns) as appender:
+    columns = tuple(columns)
+    with files.atomic_write(path, 'w', newline='') as f:
+        writer = csv.writer(f)
+        writer.writerow(columns)
         for row in rows:
-            appender.append(row)
+            writer.writerow([_format_cell(row[c]) for c in columns])
+
+
+def _complete_text(path):
+    """The file's text without a last line cut short, and that line's
+    number (``None`` when every line is complete)."""
+    with open(path, newline='') as f:
+        text = f.read()
+    if text == '' or text.endswith('\n'):
+        return text, None
+    # Every row written by this module ends with a line end, so a last
+    # line without one is a row whose writing was interrupted.
+    kept, _, _ = text.rpartition('\n')
+    kept = kept + '\n' if kept else ''
+    return kept, text.count('\n') + 1
+
+
+def incomplete_last_line(path):
+    """The line number of ``path``'s last line if it was cut short.
+
+    Args:
+        path (str): A CSV file.
+
+    Returns:
+        int or None: The number (1-based) of a last line without a line
+        end, which :func:`read_csv` drops; ``None`` if there is none.
+    """
+    return _complete_text(path)[1]
 
 
 def read_csv(path):
     """Reads a CSV written by this module back into typed dicts.
 
+    A last row cut short (an interrupted :class:`CsvAppender`) is dropped;
+    :func:`incomplete_last_line` tells whether there was one.
+
     Args:
         path (str): The file.
 
     Returns:
-        list of dict: One dict per row; numeric columns are ints or floats
-        (``None`` where empty), the others strings.
+        list of dict: One dict per complete row; numeric columns are ints
+        or floats (``None`` where empty), the others strings. Empty if the
+        file is empty or its header was cut short.
+
+    Raises:
+        DamagedFileError: A complete row has too few or too many cells, or
+            a numeric cell is not a number; the message names the line.
     """
-    with open(path, newline='') as f:
-        return [{column: _parse_cell(column, text)
-                 for column, text in row.items()}
-                for row in csv.DictReader(f)]
+    text, _ = _complete_text(path)
+    reader = csv.reader(io.StringIO(text, newline=''))
+    header = next(reader, None)
+    if header is None:
+        return []
+    rows = []
+    for row in reader:
+        if len(row) != len(header):
+            raise DamagedFileError(path, 'line {} has {} cells, the header '
+                                         '{}'.format(reader.line_num,
+                                                     len(row), len(header)))
+        parsed = {}
+        for column, cell in zip(header, row):
+            try:
+                parsed[column] = _parse_cell(column, cell)
+            except ValueError:
+                raise DamagedFileError(path, 'line {}: {} {!r} is not a '
+                                             'number'.format(reader.line_num,
+                                                             column, cell))
+        rows.append(parsed)
+    return rows
 
 
 def check_columns(path, columns):
@@ -452,15 +537,21 @@ def collect_env(command, **settings):
 
 
 def write_json(path, data):
-    """Writes ``data`` as indented JSON.
+    """Writes ``data`` as indented JSON, atomically.
 
     Args:
-        path (str): The file.
+        path (str): The file; replaced only once the new one is complete.
         data: JSON-serializable data.
+
+    Raises:
+        TypeError: ``data`` is not JSON-serializable (``path`` is
+            unchanged).
     """
-    with open(path, 'w') as f:
-        json.dump(data, f, indent=2, sort_keys=False)
-        f.write('\n')
+    # Serialized first: a value that cannot be written fails before any
+    # file is touched.
+    text = json.dumps(data, indent=2, sort_keys=False) + '\n'
+    with files.atomic_write(path, 'w') as f:
+        f.write(text)
 
 
 def read_json(path):
@@ -468,6 +559,16 @@ def read_json(path):
 
     Args:
         path (str): The file.
+
+    Raises:
+        DamagedFileError: The file is empty or not valid JSON (cut short,
+            for instance); the message names the line.
     """
     with open(path) as f:
-        return json.load(f)
+        text = f.read()
+    if not text.strip():
+        raise DamagedFileError(path, 'the file is empty')
+    try:
+        return json.loads(text)
+    except ValueError as error:
+        raise DamagedFileError(path, 'not valid JSON ({})'.format(error))
