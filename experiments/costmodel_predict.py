@@ -39,7 +39,7 @@ matplotlib.use('Agg')  # files only
 import matplotlib.pyplot as plt  # NOQA: E402
 
 from cgdp_chainer import costmodel  # NOQA: E402
-from cgdp_chainer import hardware  # NOQA: E402
+from cgdp_chainer.costmodel import hardware  # NOQA: E402
 from experiments import results  # NOQA: E402
 
 COLUMNS = ('net', 'preset', 'n_devices', 'batch_per_device', 't_typical',

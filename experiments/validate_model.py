@@ -38,7 +38,7 @@ import time
 from experiments import cli  # NOQA: first, it silences import-time warnings
 
 from cgdp_chainer import costmodel  # NOQA: E402
-from cgdp_chainer import hardware  # NOQA: E402
+from cgdp_chainer.costmodel import hardware  # NOQA: E402
 from experiments import profile as profile_module  # NOQA: E402
 from experiments import results  # NOQA: E402
 

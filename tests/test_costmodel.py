@@ -7,8 +7,8 @@ import numpy
 import pytest
 
 from cgdp_chainer import costmodel
-from cgdp_chainer import flops
-from cgdp_chainer import hardware
+from cgdp_chainer.costmodel import flops
+from cgdp_chainer.costmodel import hardware
 from cgdp_chainer.costmodel import Workload
 
 HUGE = 1e15
@@ -261,16 +261,21 @@ def test_workload_gil_seconds_scale_with_the_batch():
 @pytest.mark.parametrize('n, expected', [(1, 2.0), (2, 3.0), (4, 6.0)])
 def test_replicas_wait_for_the_gil(n, expected):
     # Four cores, so the cores never bind; each replica holds the GIL for
-    # 0.75 of its 2 s pass. N replicas need N x 0.75 of the GIL: above 1
-    # each runs at 1 / (N x 0.75) of its speed (N = 2: 3 s, N = 4: 6 s).
+    # 0.75 of its 2 s pass. N thread workers need N x 0.75 of the GIL:
+    # above 1 each runs at 1 / (N x 0.75) of its speed (N = 2: 3 s, N = 4:
+    # 6 s). Process workers have an interpreter each: 2 s.
     profile = gil_profile(cores=4, gil_share=0.75)
     hw = hardware.get_hardware('this-cpu', profile).replace(
         host_chunk_overhead_s=0.0)
     work = costmodel.build_workload(profile, hw, 1)
-    assert costmodel.simulate_cgdp(work, hw, n, 1).iteration_s == \
+    assert costmodel.simulate_cgdp(work, hw, n, 1, workers='thread'
+                                   ).iteration_s == pytest.approx(expected)
+    assert costmodel.cgdp_closed_form(work, hw, n, 1, workers='thread') == \
         pytest.approx(expected)
-    assert costmodel.cgdp_closed_form(work, hw, n, 1) == \
-        pytest.approx(expected)
+    assert costmodel.simulate_cgdp(work, hw, n, 1, workers='process'
+                                   ).iteration_s == pytest.approx(2.0)
+    assert costmodel.cgdp_closed_form(work, hw, n, 1, workers='process') \
+        == pytest.approx(2.0)
     # ParallelUpdater's single thread never waits for it.
     assert costmodel.simulate_typical(work, hw, n).iteration_s == \
         pytest.approx(2.0 * n)
@@ -367,8 +372,12 @@ def test_host_job_gil_seconds():
         pytest.approx(0.01 + 0.025 + 0.005)
     assert costmodel.host_job_gil_seconds(work, hw, 3, 10, 'update') == \
         pytest.approx(0.01 + 0.01)
+    # A preset: its Python per array (two calls for the mean of two slots,
+    # one per further slot, the update rule's).
     work.host_ops = None
-    assert costmodel.host_job_gil_seconds(work, hw, 3, 10) == 0.0
+    op, update = hw.host_op_overhead_s, hw.host_update_overhead_s
+    assert costmodel.host_job_gil_seconds(work, hw, 3, 10) == \
+        pytest.approx(0.01 + 10 * 3 * op + 10 * update)
 
 
 def test_host_job_and_replica_share_the_gil():
@@ -389,12 +398,17 @@ def test_host_job_and_replica_share_the_gil():
     hw = hardware.get_hardware('this-cpu', profile).replace(
         host_chunk_overhead_s=0.0)
     work = costmodel.build_workload(profile, hw, 1)
-    assert costmodel.simulate_cgdp(work, hw, 1, 1).iteration_s == \
-        pytest.approx(4.5)
+    assert costmodel.simulate_cgdp(work, hw, 1, 1, workers='thread'
+                                   ).iteration_s == pytest.approx(4.5)
+    # A process worker has its own interpreter (and copies its gradients
+    # and weights through shared memory, 4 bytes here).
+    assert costmodel.simulate_cgdp(work, hw, 1, 1, workers='process'
+                                   ).iteration_s == pytest.approx(4.0,
+                                                                  rel=1e-3)
     del profile['machine']['blas_1t_flops']
     work = costmodel.build_workload(profile, hw, 1)
-    assert costmodel.simulate_cgdp(work, hw, 1, 1).iteration_s == \
-        pytest.approx(4.0)
+    assert costmodel.simulate_cgdp(work, hw, 1, 1, workers='thread'
+                                   ).iteration_s == pytest.approx(4.0)
 
 
 class ConvLinear(chainer.Chain):

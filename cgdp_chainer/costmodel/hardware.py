@@ -23,9 +23,16 @@ simulation:
   for the Python part of their work (see
   :func:`cgdp_chainer.costmodel.stage_gil_seconds`).
 
-Compute time on a preset without a measured profile is
-``FLOPs / (peak_flops * compute_efficiency)``; the efficiency factor of each
-preset is documented at its definition. Achieved bandwidths are given, not
+Compute time on a preset without a measured profile is, per stage,
+``(FLOPs + layers x conv_half_flops) / (peak_flops * compute_efficiency)``:
+each convolution or linear layer of ``W`` FLOPs runs at the efficiency
+``compute_efficiency x W / (W + conv_half_flops)`` (Hockney's half-performance
+size ``n_1/2``: small layers fill the GPU less well), and a stage takes at
+least its host-side time: ``calls x (function_forward_s + kernel_launch_s)``
+forward, ``calls x (function_backward_s + backward_kernels_per_call x
+kernel_launch_s)`` backward, the Python a replica's interpreter spends to
+issue the stage's Chainer functions (see :data:`MEASURED_HERE`). The
+efficiency factor of each preset is documented at its definition. Achieved bandwidths are given, not
 theoretical ones, where the preset says "in practice".
 
 The presets describe the machine as built (``physical_devices`` devices).
@@ -46,6 +53,30 @@ GB = 1e9
 TFLOPS = 1e12
 
 PEER_SCOPES = ('none', 'socket', 'all', 'pcie')
+
+# Host-side costs measured on the project's 2-core VM (x86-64, Python 3.11,
+# Chainer 7.8.1, NumPy 1.26; load average 0.2) with
+# cgdp_chainer.costmodel.profiler.measure_function_overhead() (a chain of
+# 1x1 convolution, batch normalization, ReLU and add on one-element arrays:
+# Chainer's Python and the array library's dispatch per call, medians of 7
+# passes) and measure_host_update(name, [(1,)] * 300) (Chainer's update
+# rules on one-element arrays: their Python per array). The GPU presets use
+# them as the host-side cost of their CPUs, which is an assumption: Python
+# on a POWER8 or Grace core is not this VM's. A profile measured on the
+# machine itself (experiments.profile) records its own.
+MEASURED_HERE = {
+    'function_forward_s': 96e-6,
+    'function_backward_s': 147e-6,
+    'update_momentum_sgd_per_array_s': 13e-6,
+    'update_adam_per_array_s': 44e-6,
+}
+# The CUDA runtime's cost to launch one kernel from the host: about 4 us
+# (NVIDIA Developer Blog, A. Gray, "Getting Started with CUDA Graphs",
+# 2019: back-to-back launches of a short kernel took 3.8 us each without
+# graphs). CuPy's own Python per kernel call is in the measured per-call
+# cost above (NumPy's dispatch stands in for it; no GPU was lent to measure
+# it: measure_function_overhead on a '@cupy' device measures both at once).
+KERNEL_LAUNCH_S = 4e-6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +129,18 @@ class Hardware:
         host_op_overhead_s: Fixed cost per parameter array of one NumPy
             call on the host (copy, add, scale in the reduction).
         host_update_overhead_s: Fixed cost per parameter array of one
-            Chainer update rule call on the host (Python dispatch).
+            Chainer MomentumSGD update rule call on the host (Python
+            dispatch).
+        host_adam_overhead_s: The same for Adam.
+        function_forward_s, function_backward_s: Host-side seconds of one
+            Chainer function call in the forward and in the backward
+            (Python and dispatch, without the kernel launch).
+        kernel_launch_s: Host-side seconds to launch one kernel (GPUs).
+        backward_kernels_per_call: Kernels a function's backward launches
+            (a convolution's: data and filter gradients).
+        conv_half_flops: FLOPs of a layer that runs at half of the
+            preset's large-layer efficiency (0: every layer at
+            ``compute_efficiency``).
         cores: Cores shared by CPU replicas (``kind == 'cpu'`` only); the
             runtime divides its BLAS threads by this number.
         effective_cores: The compute capacity those cores give this
@@ -127,7 +169,14 @@ class Hardware:
     host_thread_bw: float
     host_servers: int = 1
     host_op_overhead_s: float = 2e-6
-    host_update_overhead_s: float = 25e-6
+    host_update_overhead_s: float = MEASURED_HERE[
+        'update_momentum_sgd_per_array_s']
+    host_adam_overhead_s: float = MEASURED_HERE['update_adam_per_array_s']
+    function_forward_s: float = MEASURED_HERE['function_forward_s']
+    function_backward_s: float = MEASURED_HERE['function_backward_s']
+    kernel_launch_s: float = KERNEL_LAUNCH_S
+    backward_kernels_per_call: int = 2
+    conv_half_flops: float = 0.0
     host_chunk_overhead_s: float = 50e-6
     chunk_overhead_s: float = 100e-6
     cores: int = 0
@@ -191,14 +240,16 @@ def validate(hardware):
     non_negative = ('device_array_overhead_s', 'copy_latency_s',
                     'host_op_overhead_s',
                     'host_update_overhead_s', 'host_chunk_overhead_s',
-                    'chunk_overhead_s')
+                    'chunk_overhead_s', 'host_adam_overhead_s',
+                    'function_forward_s', 'function_backward_s',
+                    'kernel_launch_s', 'conv_half_flops')
     for field in non_negative:
         value = getattr(hardware, field)
         if not (isinstance(value, (int, float)) and value >= 0):
             raise ValueError('hardware {!r}: {} must be a time >= 0 seconds, '
                              'got {!r}'.format(hardware.name, field, value))
     counts = ('physical_devices', 'devices_per_socket', 'host_link_shared',
-              'host_threads', 'host_servers')
+              'host_threads', 'host_servers', 'backward_kernels_per_call')
     for field in counts:
         value = getattr(hardware, field)
         if not (isinstance(value, int) and value >= 1):
@@ -225,7 +276,14 @@ MINSKY = Hardware(
     # About half of peak: public tf_cnn_benchmarks runs train ResNet-50 at
     # about 220 images/s fp32 on a P100 SXM2 = 220 x 3 x 7.7 GFLOP = 5.1
     # TFLOP/s = 0.48 x peak. Chainer 7 with cuDNN is in the same range.
+    # Taken as the large-layer rate; small layers pay conv_half_flops.
     compute_efficiency=0.5,
+    # Half-performance layer size: an estimate, not a published figure: a
+    # cuDNN convolution on a P100 has a fixed cost of a few kernel
+    # launches and tail effects, tens of microseconds; 0.2 GFLOP is 38 us
+    # at 0.5 x 10.6 TFLOP/s (a 3x3, 64-channel, 56x56 layer at batch 1 is
+    # 0.23 GFLOP).
+    conv_half_flops=0.2e9,
     # P100: 16 GB HBM2 at 732 GB/s (datasheet); elementwise kernels reach
     # about 75% of it.
     device_memory_bw=0.75 * 732 * GB,
@@ -256,8 +314,6 @@ MINSKY = Hardware(
     # One POWER8 core streams about 10 GB/s (STREAM triad per core on POWER8
     # is 8-12 GB/s); an estimate.
     host_thread_bw=10 * GB,
-    # Python on POWER8 runs a Chainer update rule call in about 30 us.
-    host_update_overhead_s=30e-6,
     sources='IBM REDP-5405; NVIDIA P100 datasheet and whitepaper',
 )
 
@@ -273,8 +329,10 @@ PCIE3 = Hardware(
     physical_devices=4,
     # P100 PCIe: 9.3 TFLOP/s fp32 (datasheet).
     peak_flops=9.3 * TFLOPS,
-    # The same achieved fraction as the SXM2 part (see MINSKY).
+    # The same achieved fraction and half-performance size as the SXM2 part
+    # (see MINSKY).
     compute_efficiency=0.5,
+    conv_half_flops=0.2e9,
     # P100 PCIe 16 GB: 732 GB/s HBM2 (datasheet); 75% achieved.
     device_memory_bw=0.75 * 732 * GB,
     device_array_overhead_s=20e-6,
@@ -316,6 +374,9 @@ H100_PCIE5 = Hardware(
     # them for cuBLAS); a fraction of 0.5 as for P100. On H100 small per-GPU
     # batches rarely fill the GPU, so this is optimistic for batch 16.
     compute_efficiency=0.5,
+    # Half-performance size scaled from the P100's (see MINSKY) by the
+    # FLOP rate (6.3x): the same fixed time per layer, about 30 us.
+    conv_half_flops=1.0e9,
     device_memory_bw=0.75 * 3350 * GB,
     device_array_overhead_s=20e-6,
     devices_per_socket=2,
@@ -355,6 +416,7 @@ GH200 = Hardware(
     physical_devices=4,
     peak_flops=67 * TFLOPS,
     compute_efficiency=0.5,
+    conv_half_flops=1.0e9,  # as H100_PCIE5
     device_memory_bw=0.75 * 4000 * GB,
     device_array_overhead_s=20e-6,
     # One GPU per Grace; a 4-superchip node (e.g. quad GH200 blades) is the

@@ -6,7 +6,11 @@ and linear node and counts its multiply-adds from the shapes it sees. That
 works for any network that follows the stage protocol (docs/INTERFACES.md)
 without knowing its layers. Other layers (normalisation, activations,
 pooling) are memory-bound and not counted; the cost model's efficiency factor
-covers them.
+covers them. The same hook counts every function call of each stage (the
+host-side work Chainer does per call, see
+:func:`cgdp_chainer.costmodel.profiler.measure_function_overhead`) and the
+counted layers (each pays a size-dependent efficiency on GPU presets, see
+:class:`cgdp_chainer.costmodel.hardware.Hardware`).
 
 Backward multiply-adds per node are those of the weight gradient plus, unless
 the node's input is the network input (which needs no gradient), those of the
@@ -30,6 +34,8 @@ DECONV_FUNCTIONS = ('Deconvolution2DFunction', 'DeconvolutionND')
 LINEAR_FUNCTIONS = ('LinearFunction',)
 
 DEFAULT_CACHE = os.path.join('results', 'costmodel', 'flops_cache.json')
+# Part of the cache key: a new field in the records makes old entries stale.
+RECORD_VERSION = 2
 
 
 def _conv_macs(function, x_shape, w_shape):
@@ -79,7 +85,8 @@ def _tuple(value, ndim):
 
 
 class StageCostHook(chainer.FunctionHook):
-    """Counts multiply-adds of convolution, deconvolution and linear nodes.
+    """Counts multiply-adds of convolution, deconvolution and linear nodes,
+    and every function call.
 
     The counts go to ``stage`` (an index the caller sets before each stage
     runs). A node whose input is ``no_grad_input`` (the network input) is
@@ -89,6 +96,7 @@ class StageCostHook(chainer.FunctionHook):
         forward_macs (dict): Stage index -> forward multiply-adds.
         backward_macs (dict): Stage index -> backward multiply-adds.
         nodes (list): ``(stage, function name, forward macs)`` per node.
+        calls (dict): Stage index -> function calls in the forward.
     """
 
     name = 'StageCostHook'
@@ -99,8 +107,10 @@ class StageCostHook(chainer.FunctionHook):
         self.forward_macs = {}
         self.backward_macs = {}
         self.nodes = []
+        self.calls = {}
 
     def forward_preprocess(self, function, in_data):
+        self.calls[self.stage] = self.calls.get(self.stage, 0) + 1
         label = function.label
         if label in CONV_FUNCTIONS:
             macs = _conv_macs(function, in_data[0].shape, in_data[1].shape)
@@ -189,7 +199,10 @@ def stage_costs(model, image_size=None, batch=1, channels=3, train=True,
         list of dict: Per stage: ``name``, ``forward_macs``,
         ``backward_macs`` (for ``batch`` images), ``forward_flops`` and
         ``backward_flops`` per image (2 FLOPs per multiply-add),
-        ``param_bytes`` and ``param_arrays``.
+        ``param_bytes``, ``param_arrays``, ``forward_calls`` (Chainer
+        function calls; the backward runs one backward per call, so it is
+        taken to make as many) and ``counted_layers`` (convolution,
+        deconvolution and linear calls).
     """
     from cgdp_chainer import chunking
     stages = chunking.find_stages(model)
@@ -226,6 +239,9 @@ def stage_costs(model, image_size=None, batch=1, channels=3, train=True,
             'backward_flops': 2.0 * backward / batch,
             'param_bytes': params[index]['param_bytes'],
             'param_arrays': params[index]['param_arrays'],
+            'forward_calls': hook.calls.get(index, 0),
+            'counted_layers': sum(1 for node in hook.nodes
+                                  if node[0] == index),
         })
     return costs
 
@@ -260,8 +276,8 @@ def cached_stage_costs(net, image_size, n_classes=1000, cache_path=None):
     """
     import models
     cache_path = cache_path or DEFAULT_CACHE
-    key = '{}|{}|{}|{}'.format(net, image_size, n_classes,
-                               _models_source_hash())
+    key = '{}|{}|{}|{}|v{}'.format(net, image_size, n_classes,
+                                   _models_source_hash(), RECORD_VERSION)
     cache = {}
     if os.path.exists(cache_path):
         try:

@@ -1,0 +1,502 @@
+"""What the cost model takes in: checked arguments, profiles and the
+per-stage workload one replica brings to one machine."""
+import dataclasses
+import json
+
+from cgdp_chainer.costmodel import hardware as hardware_module
+
+TYPICAL = 'typical'
+CGDP = 'cgdp'
+NCCL = 'nccl'
+
+# How CGDP's replicas run: one process each (their Python runs in
+# parallel) or threads of the user's process (their Python shares one
+# interpreter lock with each other and with the host threads).
+WORKERS = ('process', 'thread')
+# Optimizers whose update the model costs (host rules measured by
+# costmodel.profiler.measure_host_update; memory traffic per parameter
+# byte in costs.UPDATE_TRAFFIC).
+OPTIMIZERS = ('momentum_sgd', 'adam')
+_OPTIMIZER_CLASSES = {'MomentumSGD': 'momentum_sgd', 'Adam': 'adam'}
+
+def check_n_devices(n_devices):
+    """Checks a device count.
+
+    Raises:
+        ValueError: ``n_devices`` is not an integer >= 1.
+    """
+    if isinstance(n_devices, bool) or not isinstance(n_devices, int) \
+            or n_devices < 1:
+        raise ValueError('n_devices must be an integer >= 1 (N = 1, 2, 4, '
+                         '...), got {!r}'.format(n_devices))
+
+
+def check_n_nodes(n_nodes):
+    """Checks a node count.
+
+    Raises:
+        ValueError: ``n_nodes`` is not an integer >= 1.
+    """
+    if isinstance(n_nodes, bool) or not isinstance(n_nodes, int) \
+            or n_nodes < 1:
+        raise ValueError('n_nodes must be an integer >= 1 (R = 1, 2, 4, '
+                         '...), got {!r}'.format(n_nodes))
+
+
+def resolve_network(network, n_nodes):
+    """The network of a multi-node prediction, checked.
+
+    Args:
+        network (str, Network or None): A preset name (``'ib-edr'``,
+            ``'ib-hdr'``) or a :class:`~cgdp_chainer.hardware.Network`;
+            ``None`` means :data:`cgdp_chainer.hardware.DEFAULT_NETWORK`.
+        n_nodes (int): Nodes (checked too).
+
+    Returns:
+        Network: The network (also for one node, where it is not used).
+
+    Raises:
+        ValueError: ``n_nodes`` is not an integer >= 1, the name is unknown
+            or the network has an impossible bandwidth or latency.
+    """
+    check_n_nodes(n_nodes)
+    if network is None:
+        network = hardware_module.DEFAULT_NETWORK
+    return hardware_module.get_network(network)
+
+
+def check_batch(batch):
+    """Checks a batch size per device.
+
+    Raises:
+        ValueError: ``batch`` is not an integer >= 1.
+    """
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError('batch per device must be an integer >= 1, got '
+                         '{!r}'.format(batch))
+
+
+def check_workers(workers):
+    """Checks a worker kind.
+
+    Raises:
+        ValueError: ``workers`` is not one of :data:`WORKERS`.
+    """
+    if workers not in WORKERS:
+        raise ValueError('workers must be one of {}, got {!r}'.format(
+            ', '.join(repr(w) for w in WORKERS), workers))
+
+
+def check_optimizer(optimizer):
+    """The model's name of an optimizer.
+
+    Args:
+        optimizer (str or chainer.Optimizer): A name in :data:`OPTIMIZERS`
+            or an optimizer instance (``MomentumSGD``, ``Adam``).
+
+    Returns:
+        str: The name.
+
+    Raises:
+        ValueError: Neither a known name nor a known optimizer.
+    """
+    if isinstance(optimizer, str):
+        if optimizer in OPTIMIZERS:
+            return optimizer
+    else:
+        name = _OPTIMIZER_CLASSES.get(type(optimizer).__name__)
+        if name is not None:
+            return name
+    raise ValueError('optimizer must be one of {} (or a MomentumSGD or Adam '
+                     'instance), got {!r}'.format(', '.join(OPTIMIZERS),
+                                                  optimizer))
+
+
+def check_chunk_size(chunk_size, n_stages):
+    """Checks a chunk size against the number of stages.
+
+    Raises:
+        ValueError: ``chunk_size`` is not an integer in ``1..n_stages``.
+    """
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or \
+            not 1 <= chunk_size <= n_stages:
+        raise ValueError('chunk_size must be an integer from 1 to {} (the '
+                         'number of stages), got {!r}'.format(
+                             n_stages, chunk_size))
+
+
+def check_common(workload, hardware, n_devices):
+    """Checks the arguments every simulation and closed form takes.
+
+    Raises:
+        ValueError: Bad device count, impossible hardware or no stages.
+    """
+    check_n_devices(n_devices)
+    hardware_module.validate(hardware)
+    if workload.n_stages < 1:
+        raise ValueError('the workload has no stages')
+
+
+def check_gpu(hardware, what):
+    """Raises ValueError unless ``hardware`` is a GPU machine."""
+    if hardware.kind != 'gpu':
+        raise ValueError('{} needs a GPU preset ({}), got {!r}'.format(
+            what, ', '.join(hardware_module.GPU_PRESETS), hardware.name))
+
+
+def load_profile(path):
+    """Reads a profile JSON written by ``experiments.profile``."""
+    with open(path) as f:
+        return json.load(f)
+
+
+def check_profile(profile):
+    """Checks that a profile has what the model needs.
+
+    Args:
+        profile (dict): With a non-empty ``stages`` list; each stage has
+            ``param_bytes`` and either measured ``forward_s`` and
+            ``backward_s`` or ``forward_flops`` and ``backward_flops`` (per
+            image).
+
+    Raises:
+        ValueError: A field is missing or negative.
+    """
+    if not isinstance(profile, dict) or not profile.get('stages'):
+        raise ValueError('a profile is a dict with a non-empty "stages" list '
+                         '(see experiments.profile or '
+                         'costmodel.flops_profile)')
+    for index, stage in enumerate(profile['stages']):
+        has_times = 'forward_s' in stage and 'backward_s' in stage
+        has_flops = 'forward_flops' in stage and 'backward_flops' in stage
+        if not (has_times or has_flops):
+            raise ValueError('stage {} of the profile has neither forward_s/'
+                             'backward_s nor forward_flops/backward_flops'
+                             .format(index))
+        if 'param_bytes' not in stage:
+            raise ValueError('stage {} of the profile lacks param_bytes'
+                             .format(index))
+        for key in ('forward_s', 'backward_s', 'forward_flops',
+                    'backward_flops', 'param_bytes', 'param_arrays'):
+            if key in stage and stage[key] is not None and stage[key] < 0:
+                raise ValueError('stage {}: {} must not be negative, got '
+                                 '{!r}'.format(index, key, stage[key]))
+
+
+def flops_profile(net, image_size=224, n_classes=1000, cache_path=None):
+    """A profile with per-stage FLOPs and parameter sizes, no measured times.
+
+    Args:
+        net (str): A name in ``models.NETWORKS``.
+        image_size (int): Input side in pixels.
+        n_classes (int): Classifier outputs.
+        cache_path (str or None): FLOP cache file (see
+            :func:`cgdp_chainer.flops.cached_stage_costs`).
+
+    Returns:
+        dict: A profile for :func:`predict` and friends.
+    """
+    from cgdp_chainer.costmodel import flops
+    stages = flops.cached_stage_costs(net, image_size, n_classes=n_classes,
+                                      cache_path=cache_path)
+    return {'net': net, 'device': None, 'batch': 1,
+            'image_size': image_size, 'stages': stages}
+
+
+@dataclasses.dataclass
+class Workload:
+    """Costs of one replica at one batch on one machine, per stage.
+
+    Attributes:
+        forward_s, backward_s (list of float): Seconds per stage for one
+            replica running alone (GPU) or with all cores (CPU); the loss
+            belongs to the last stage.
+        forward_1t_s, backward_1t_s (list of float or None): CPU replicas:
+            the same with one BLAS thread (for core sharing).
+        param_bytes, param_arrays (list of int): Per stage.
+        host_ops (dict or None): Measured host costs: op name ->
+            ``{'per_array_s', 'per_byte_s'}`` for ``reduce2`` (the mean of
+            two slots), ``reduce_slot`` (each further slot), ``update`` (the
+            update rule), ``addgrads`` and ``copyparams`` (what
+            ``ParallelUpdater`` does per replica on CPU).
+        copy (dict or None): Measured copies: ``d2h_bytes_per_s``,
+            ``h2d_bytes_per_s``, ``latency_s``.
+        device_update_s (float or None): Measured on-device update of the
+            whole model.
+        chunk_forward_overhead_s, chunk_backward_overhead_s (float or None):
+            Measured fixed cost of each chunk (the stage times exclude it);
+            ``None``: the hardware's ``chunk_overhead_s`` applies.
+        busy_cores (float or None): CPU replicas: cores one replica keeps
+            busy with all BLAS threads (measured: CPU seconds per second of
+            a whole pass); ``None``: estimated from the stage times.
+        forward_gil_s, backward_gil_s (list of float or None): Host-side
+            seconds per stage that hold the replica's interpreter lock: on
+            CPU replicas its time outside BLAS (see
+            :func:`stage_gil_seconds`), on GPUs the launch-bound host time
+            of its function calls (see :func:`launch_seconds`); ``None``:
+            not known, the lock is not modelled.
+        optimizer (str): The optimizer whose update is costed (one of
+            :data:`OPTIMIZERS`).
+        host_update (dict or None): Measured host update rule costs
+            (``per_array_s``, ``per_byte_s``) of ``optimizer``.
+        measured (bool): Compute times come from a measurement.
+    """
+    forward_s: list
+    backward_s: list
+    param_bytes: list
+    param_arrays: list
+    forward_1t_s: list = None
+    backward_1t_s: list = None
+    host_ops: dict = None
+    copy: dict = None
+    device_update_s: float = None
+    chunk_forward_overhead_s: float = None
+    chunk_backward_overhead_s: float = None
+    forward_gil_s: list = None
+    backward_gil_s: list = None
+    busy_cores: float = None
+    optimizer: str = 'momentum_sgd'
+    host_update: dict = None
+    measured: bool = False
+
+    @property
+    def n_stages(self):
+        return len(self.forward_s)
+
+    def update_op(self):
+        """The measured host update rule costs of the optimizer
+        (``per_array_s``, ``per_byte_s``), or ``None`` if not measured."""
+        if self.host_update is not None:
+            return self.host_update
+        if self.optimizer == 'momentum_sgd' and self.host_ops and \
+                'update' in self.host_ops:
+            return self.host_ops['update']
+        return None
+
+    @property
+    def total_bytes(self):
+        return sum(self.param_bytes)
+
+    @property
+    def total_arrays(self):
+        return sum(self.param_arrays)
+
+
+def _uses_measured_times(profile, hardware):
+    stages = profile['stages']
+    has_times = all(s.get('forward_s') is not None
+                    and s.get('backward_s') is not None for s in stages)
+    if not has_times:
+        return False
+    if hardware.kind == 'cpu':
+        return True
+    return profile.get('hardware') == hardware.name
+
+
+def stage_gil_seconds(seconds_1t, flops, blas_1t_flops):
+    """Seconds of a stage that hold the GIL, from its one-thread time.
+
+    A CPU replica's stage spends its time in two kinds of work: arithmetic
+    (the convolution and linear layers' matrix products, which BLAS runs
+    without the GIL) and everything else, which Chainer's Python drives one
+    NumPy call at a time: the interpreter, NumPy's dispatch and the small
+    arrays' copies, padding and element-wise passes, whose time at this
+    size is mostly dispatch. The second part is taken to hold the GIL: the
+    stage's one-thread time beyond its arithmetic at the single-thread
+    matrix-product rate, ``max(0, t_1t - FLOPs / blas_1t_flops)``.
+
+    Args:
+        seconds_1t (float): The stage's time with one BLAS thread.
+        flops (float): Its arithmetic (FLOPs of the whole batch).
+        blas_1t_flops (float): FLOP/s of a matrix product on one thread
+            (:func:`cgdp_chainer.profiler.measure_blas_1t_flops`).
+
+    Returns:
+        float: Seconds.
+    """
+    return max(0.0, seconds_1t - flops / blas_1t_flops)
+
+
+def _gil_times(profile, stages, scale, batch_per_device):
+    """Per-stage GIL seconds of a measured CPU profile, or ``None`` when
+    it lacks the one-thread times, the FLOPs or the BLAS rate."""
+    rate = (profile.get('machine') or {}).get('blas_1t_flops')
+    if not rate or rate <= 0:
+        return None, None
+    keys = ('forward_1t_s', 'backward_1t_s', 'forward_flops',
+            'backward_flops')
+    if not all(s.get(k) is not None for s in stages for k in keys):
+        return None, None
+    forward = [stage_gil_seconds(scale * s['forward_1t_s'],
+                                 batch_per_device * s['forward_flops'], rate)
+               for s in stages]
+    backward = [stage_gil_seconds(scale * s['backward_1t_s'],
+                                  batch_per_device * s['backward_flops'],
+                                  rate)
+                for s in stages]
+    return forward, backward
+
+
+def gpu_stage_seconds(flops_per_image, layers, batch, hardware):
+    """Device seconds of a stage on a GPU preset, from its FLOPs.
+
+    Each of the stage's ``layers`` counted layers runs at the efficiency
+    ``compute_efficiency x W / (W + conv_half_flops)`` for its ``W`` FLOPs,
+    so the stage takes ``(batch x FLOPs + layers x conv_half_flops) /
+    achieved_flops``.
+
+    Args:
+        flops_per_image (float): The stage's FLOPs per image.
+        layers (int): Its convolution and linear layers.
+        batch (int): Images per replica.
+        hardware (Hardware): The preset.
+
+    Returns:
+        float: Seconds.
+    """
+    work = batch * flops_per_image
+    if work <= 0:
+        return 0.0
+    return (work + layers * hardware.conv_half_flops) / \
+        hardware.achieved_flops
+
+
+def launch_seconds(calls, hardware):
+    """Host-side seconds to issue a stage's function calls on a GPU.
+
+    ``calls x (function_forward_s + kernel_launch_s)`` in the forward and
+    ``calls x (function_backward_s + backward_kernels_per_call x
+    kernel_launch_s)`` in the backward (one backward per forward call).
+
+    Returns:
+        tuple: ``(forward seconds, backward seconds)``.
+    """
+    forward = calls * (hardware.function_forward_s
+                       + hardware.kernel_launch_s)
+    backward = calls * (hardware.function_backward_s
+                        + hardware.backward_kernels_per_call
+                        * hardware.kernel_launch_s)
+    return forward, backward
+
+
+def _launch_times(stages, hardware):
+    """Per-stage host-side seconds on a GPU, or ``None`` when the profile
+    has no function counts."""
+    if not all(s.get('forward_calls') is not None for s in stages):
+        return None, None
+    pairs = [launch_seconds(s['forward_calls'], hardware) for s in stages]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def _host_update(profile, optimizer, measured):
+    """The measured host update rule costs of ``optimizer``, if any."""
+    if not measured:
+        return None
+    host = profile.get('host') or {}
+    rules = host.get('update_rules') or {}
+    if optimizer in rules:
+        return rules[optimizer]
+    ops = host.get('ops') or {}
+    if optimizer == 'momentum_sgd' and 'update' in ops:
+        return ops['update']
+    if ops:
+        raise ValueError('the profile has no measured {} host update '
+                         '(host.update_rules; an older profile?): measure '
+                         'it again with experiments.profile'.format(
+                             optimizer))
+    return None
+
+
+def build_workload(profile, hardware, batch_per_device,
+                   optimizer='momentum_sgd'):
+    """Turns a profile into per-stage seconds and bytes for one machine.
+
+    Measured times are used where the profile was measured on this hardware
+    (``this-cpu``, or a profile whose ``hardware`` field names the preset)
+    and scaled linearly from the profile's batch; otherwise compute time is
+    ``FLOPs x batch / hardware.achieved_flops``. CPU profiles with
+    one-thread times, FLOPs and the machine's ``blas_1t_flops`` also give
+    each stage's GIL seconds (:func:`stage_gil_seconds`). On GPUs a
+    stage's time is at least its host-side time (:func:`launch_seconds`,
+    from the profile's function counts), which is also what holds the
+    replica's interpreter lock; presets compute with
+    :func:`gpu_stage_seconds`.
+
+    Args:
+        profile (dict): See :func:`check_profile`.
+        hardware (Hardware): The machine.
+        batch_per_device (int): Images per replica.
+        optimizer (str or chainer.Optimizer): See :func:`check_optimizer`.
+
+    Returns:
+        Workload: The costs.
+
+    Raises:
+        ValueError: The profile lacks what the hardware needs (a CPU preset
+            needs measured times).
+    """
+    check_profile(profile)
+    check_batch(batch_per_device)
+    optimizer = check_optimizer(optimizer)
+    stages = profile['stages']
+    measured = _uses_measured_times(profile, hardware)
+    if hardware.kind == 'cpu' and not measured:
+        raise ValueError("preset {!r} needs a profile with measured "
+                         "forward_s/backward_s (experiments.profile)".format(
+                             hardware.name))
+    if measured:
+        scale = batch_per_device / float(profile.get('batch') or 1)
+        forward = [scale * s['forward_s'] for s in stages]
+        backward = [scale * s['backward_s'] for s in stages]
+        forward_1t = backward_1t = None
+        if all(s.get('forward_1t_s') is not None for s in stages):
+            forward_1t = [scale * s['forward_1t_s'] for s in stages]
+            backward_1t = [scale * s['backward_1t_s'] for s in stages]
+        forward_gil = backward_gil = None
+        if hardware.kind == 'cpu':
+            forward_gil, backward_gil = _gil_times(profile, stages, scale,
+                                                   batch_per_device)
+    else:
+        if not all(s.get('forward_flops') is not None
+                   and s.get('backward_flops') is not None for s in stages):
+            raise ValueError(
+                'preset {!r} has no measured times in this profile and the '
+                'profile has no forward_flops/backward_flops to compute them '
+                'from (see costmodel.flops_profile)'.format(hardware.name))
+        forward = [gpu_stage_seconds(s['forward_flops'],
+                                     s.get('counted_layers', 0),
+                                     batch_per_device, hardware)
+                   for s in stages]
+        backward = [gpu_stage_seconds(s['backward_flops'],
+                                      s.get('counted_layers', 0),
+                                      batch_per_device, hardware)
+                    for s in stages]
+        forward_1t = backward_1t = None
+        forward_gil = backward_gil = None
+    if hardware.kind == 'gpu':
+        forward_gil, backward_gil = _launch_times(stages, hardware)
+        if forward_gil is not None:
+            # The device cannot run a stage faster than the host issues it.
+            forward = [max(t, h) for t, h in zip(forward, forward_gil)]
+            backward = [max(t, h) for t, h in zip(backward, backward_gil)]
+    host_ops = profile.get('host', {}).get('ops') if measured else None
+    copy = profile.get('copy') if measured else None
+    device_update = profile.get('device_update_s') if measured else None
+    overhead = profile.get('chunk_overhead') if measured else None
+    overhead = overhead or {}
+    busy_cores = None
+    if measured and hardware.kind == 'cpu':
+        busy_cores = (profile.get('whole') or {}).get('busy_cores')
+    return Workload(
+        forward_s=forward, backward_s=backward,
+        param_bytes=[int(s['param_bytes']) for s in stages],
+        param_arrays=[int(s.get('param_arrays', 1 if s['param_bytes'] else 0))
+                      for s in stages],
+        forward_1t_s=forward_1t, backward_1t_s=backward_1t,
+        host_ops=host_ops, copy=copy, device_update_s=device_update,
+        chunk_forward_overhead_s=overhead.get('forward_s'),
+        chunk_backward_overhead_s=overhead.get('backward_s'),
+        forward_gil_s=forward_gil, backward_gil_s=backward_gil,
+        busy_cores=busy_cores, optimizer=optimizer,
+        host_update=_host_update(profile, optimizer, measured),
+        measured=measured)

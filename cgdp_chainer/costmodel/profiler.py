@@ -1,0 +1,837 @@
+"""Measures what the cost model needs about a network on a device.
+
+A profile (saved as JSON by ``python -m experiments.profile``) holds:
+
+- per stage: forward and backward seconds (median of ``R`` repetitions after
+  a warm-up; the loss belongs to the last stage), net of the fixed cost of a
+  chunk; on ``'@numpy'`` also with one BLAS thread (for core sharing between
+  replicas); parameter bytes and array counts;
+- ``chunk_overhead``: the fixed cost of one more chunk (measured on a tiny
+  staged network, see :func:`measure_chunk_overhead`); ``whole``: one pass
+  of the whole model as a single chunk, and on ``'@numpy'`` its
+  ``busy_cores``: the process's CPU seconds per second during that pass
+  (all BLAS threads), the cores one replica occupies;
+- ``copy``: device-to-host and host-to-device bandwidth (on ``'@numpy'``:
+  memcpy bandwidth) and the latency of a small copy;
+- ``host``: the host accumulator's costs over the model's parameter arrays,
+  each as ``per_array_s`` + ``per_byte_s``: the reduction of two slots into
+  their mean, each further slot, a MomentumSGD update rule call, and
+  ``ParallelUpdater``'s ``addgrads`` and ``copyparams`` per replica;
+- ``machine``: cores, the compute this process gets of them
+  (``effective_cores``) and, on ``'@numpy'``, ``blas_1t_flops``: one
+  thread's matrix-product rate, from which the cost model tells a stage's
+  arithmetic from the Python around it (which holds the GIL);
+- on GPUs, ``device_update_s``: MomentumSGD on the device.
+
+:func:`profile_model` and :func:`profile_replica` do the measuring for
+callers (the updater's ``chunk_size='model'`` uses the latter).
+"""
+import json
+import os
+import statistics
+import time
+
+import chainer
+import numpy
+
+from cgdp_chainer import chunking
+from cgdp_chainer import devices as devices_module
+from cgdp_chainer.costmodel import flops
+from cgdp_chainer.costmodel import hardware as hardware_module
+
+PROFILE_VERSION = 1
+DEFAULT_REPS = 3
+# Size of the copies that measure bandwidth: large enough to leave the
+# caches, small enough for a busy machine.
+COPY_BYTES = 64 * 2 ** 20
+
+
+def _synchronizer(device):
+    if devices_module.is_gpu(device):
+        return device.device.synchronize
+    return lambda: None
+
+
+def _median_times(function, reps, sync):
+    """Median seconds of ``function()`` over ``reps`` runs after a warm-up.
+    """
+    function()
+    sync()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        function()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _head_for(target, loss_func):
+    """The loss head of a staged target; a plain network gets the
+    project's classifier head (with auxiliary losses)."""
+    try:
+        return chunking.find_head(target, loss_func)
+    except ValueError:
+        import models
+        return models.Classifier(target).head
+
+
+def _stage_pass_times(stages, chunks, head, x, labels, sync):
+    """Seconds of each chunk's forward and backward in one pass.
+
+    Returns:
+        tuple of list: ``(forward per chunk, backward per chunk)``; the loss
+        counts with the last chunk.
+    """
+    chunked = chunking.ChunkedPass(stages, chunks, head)
+    n = len(chunks)
+    forward = [0.0] * n
+    backward = [0.0] * n
+    carry = x
+    with chainer.using_config('train', True), \
+            chainer.using_config('enable_backprop', True):
+        for c in range(n):
+            sync()
+            start = time.perf_counter()
+            carry = chunked.forward_chunk(c, carry)
+            if c == n - 1:
+                chunked.forward_head(labels)
+            sync()
+            forward[c] = time.perf_counter() - start
+        for c in range(n - 1, -1, -1):
+            sync()
+            start = time.perf_counter()
+            chunked.backward_chunk(c)
+            sync()
+            backward[c] = time.perf_counter() - start
+    return forward, backward
+
+
+STATISTICS = {'median': statistics.median, 'min': min}
+
+
+def _process_cpu_seconds():
+    """CPU seconds (user + system) of every thread of this process."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on POSIX
+        return time.process_time()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _median_passes(target, configs, x, labels, sync, reps,
+                   statistic='median', busy=None):
+    """Per-chunk medians (or minima) of several pass configurations,
+    interleaved.
+
+    Each repetition runs every configuration once, so a change of the
+    machine's load during the measurement touches all of them alike.
+
+    Args:
+        configs (list): ``(stages, chunks, head, threads or None)`` each.
+        busy (list or None): If given, receives per configuration the
+            median of the process's CPU seconds per wall second during its
+            passes: the cores it keeps busy.
+
+    Returns:
+        list of tuple: ``(forward medians, backward medians)`` per config.
+    """
+    samples = [([], []) for _ in configs]
+    cores = [[] for _ in configs]
+    for rep in range(reps + 1):
+        for (stages, chunks, head, threads), (fwd, bwd), used in zip(
+                configs, samples, cores):
+            target.cleargrads()
+            limit = _blas_limit(threads) if threads else _NullContext()
+            with limit:
+                cpu_start = _process_cpu_seconds()
+                start = time.perf_counter()
+                forward, backward = _stage_pass_times(stages, chunks, head,
+                                                      x, labels, sync)
+                wall = time.perf_counter() - start
+                cpu = _process_cpu_seconds() - cpu_start
+            if rep > 0:  # the first repetition warms up
+                fwd.append(forward)
+                bwd.append(backward)
+                if wall > 0:
+                    used.append(cpu / wall)
+    target.cleargrads()
+    if busy is not None:
+        busy[:] = [statistics.median(u) if u else None for u in cores]
+    summary = STATISTICS[statistic]
+    return [([summary(c) for c in zip(*fwd)],
+             [summary(c) for c in zip(*bwd)])
+            for fwd, bwd in samples]
+
+
+def measure_chunk_overhead(reps=20, n_stages=16):
+    """The fixed cost of one more chunk in the runtime's chunked pass.
+
+    Times a tiny staged network (``n_stages`` small linear layers) as one
+    chunk per stage and as a single chunk; the difference per extra chunk is
+    the cost of cutting the graph, one more backward call and its
+    bookkeeping, without the noise of a large network's compute.
+
+    Returns:
+        dict: ``forward_s`` and ``backward_s`` per extra chunk.
+    """
+    import chainer.functions as F
+    import chainer.links as L
+
+    class _Tiny(chainer.ChainList):
+        def __init__(self):
+            super(_Tiny, self).__init__(*[L.Linear(8, 8)
+                                          for _ in range(n_stages)])
+
+        @property
+        def stages(self):
+            return list(self)
+
+    tiny = _Tiny()
+    x = numpy.ones((2, 8), dtype=numpy.float32)
+    t = numpy.zeros(2, dtype=numpy.int32)
+
+    def head(y, labels):
+        return F.softmax_cross_entropy(y, labels)
+    stages = tiny.stages
+    split = [(i, i + 1) for i in range(n_stages)]
+    (f_split, b_split), (f_one, b_one) = _median_passes(
+        tiny, [(stages, split, head, None), (stages, [(0, n_stages)], head,
+                                             None)],
+        x, (t,), lambda: None, reps)
+    extra = n_stages - 1
+    return {'forward_s': max(0.0, (sum(f_split) - f_one[0]) / extra),
+            'backward_s': max(0.0, (sum(b_split) - b_one[0]) / extra)}
+
+
+def _blas_limit(threads):
+    """A context that limits BLAS threads (a no-op without threadpoolctl)."""
+    try:
+        import threadpoolctl
+    except ImportError:  # pragma: no cover - installed by the set-up
+        return _NullContext()
+    return threadpoolctl.threadpool_limits(limits=threads, user_api='blas')
+
+
+class _NullContext(object):
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def measure_stages(target, device, in_arrays, loss_func=None,
+                   reps=DEFAULT_REPS, one_thread=None, statistic='median'):
+    """Per-stage forward and backward seconds of a staged target.
+
+    Args:
+        target (chainer.Link): A staged network or a classifier around one,
+            on ``device``, with initialised parameters.
+        device (chainer.backend.Device): Its device.
+        in_arrays (tuple): ``(x, labels...)`` on ``device``.
+        loss_func (callable or None): ``loss_func(y, *labels)``.
+        reps (int): Timed repetitions (median).
+        one_thread (bool or None): Also time with one BLAS thread; default:
+            on CPU devices.
+        statistic (str): ``'median'`` of the repetitions, or ``'min'``
+            (the least disturbed by other processes on a shared machine).
+
+    Returns:
+        dict: ``stages`` (list of dicts), ``chunk_overhead`` and ``whole``.
+    """
+    stages = chunking.find_stages(target)
+    if stages is None:
+        raise ValueError('{} has no stages (see docs/INTERFACES.md)'.format(
+            type(target).__name__))
+    head = _head_for(target, loss_func)
+    sync = _synchronizer(device)
+    x, labels = in_arrays[0], tuple(in_arrays[1:])
+    n = len(stages)
+    per_stage = [(i, i + 1) for i in range(n)]
+    if one_thread is None:
+        one_thread = not devices_module.is_gpu(device)
+    configs = [(stages, per_stage, head, None),
+               (stages, [(0, n)], head, None)]
+    if one_thread:
+        configs.append((stages, per_stage, head, 1))
+    busy = []
+    measured = _median_passes(target, configs, x, labels, sync, reps,
+                              statistic, busy=busy)
+    (forward, backward), (whole_f, whole_b) = measured[:2]
+    forward_1t, backward_1t = measured[2] if one_thread else (None, None)
+    overhead = measure_chunk_overhead()
+    overhead_f, overhead_b = overhead['forward_s'], overhead['backward_s']
+    params = flops.stage_param_stats(target, stages)
+    records = []
+    for i, stage in enumerate(stages):
+        record = {
+            'index': i,
+            'name': _stage_name(stage, i),
+            'forward_s': max(0.0, forward[i] - overhead_f),
+            'backward_s': max(0.0, backward[i] - overhead_b),
+            'param_bytes': params[i]['param_bytes'],
+            'param_arrays': params[i]['param_arrays'],
+        }
+        if one_thread:
+            record['forward_1t_s'] = max(0.0, forward_1t[i] - overhead_f)
+            record['backward_1t_s'] = max(0.0, backward_1t[i] - overhead_b)
+        records.append(record)
+    whole = {'forward_s': whole_f[0], 'backward_s': whole_b[0]}
+    if not devices_module.is_gpu(device) and busy[1] is not None:
+        # Cores the replica keeps busy with all its BLAS threads: more than
+        # its BLAS share, since OpenBLAS's idle threads spin between calls.
+        whole['busy_cores'] = busy[1]
+    return {'stages': records,
+            'chunk_overhead': {'forward_s': overhead_f,
+                               'backward_s': overhead_b},
+            'whole': whole}
+
+
+def _stage_name(stage, index):
+    return flops.stage_name(stage, index)
+
+
+def measure_copies(device, n_bytes=COPY_BYTES, reps=DEFAULT_REPS):
+    """Copy bandwidth between ``device`` and the host, and copy latency.
+
+    On ``'@numpy'`` both directions are a memcpy in host memory. On GPUs the
+    host side is pinned memory, as the runtime uses.
+
+    Returns:
+        dict: ``d2h_bytes_per_s``, ``h2d_bytes_per_s``, ``latency_s``,
+        ``memory_bytes_per_s`` (host memory traffic of a memcpy, read plus
+        write) and, on GPUs, ``device_bytes_per_s``.
+    """
+    count = max(1, n_bytes // 4)
+    host_a = numpy.ones(count, dtype=numpy.float32)
+    host_b = numpy.empty_like(host_a)
+    memcpy = _median_times(lambda: numpy.copyto(host_b, host_a), reps,
+                           lambda: None)
+    tiny_a = numpy.ones(1, dtype=numpy.float32)
+    tiny_b = numpy.empty_like(tiny_a)
+    result = {'memory_bytes_per_s': 2.0 * host_a.nbytes / memcpy}
+    if not devices_module.is_gpu(device):
+        latency = _median_times(lambda: numpy.copyto(tiny_b, tiny_a),
+                                max(reps, 20), lambda: None)
+        result.update({'d2h_bytes_per_s': host_a.nbytes / memcpy,
+                       'h2d_bytes_per_s': host_a.nbytes / memcpy,
+                       'latency_s': latency})
+        return result
+    import cupy
+    import cupyx
+    sync = _synchronizer(device)
+    with cupy.cuda.Device(device.device.id):
+        pinned = cupyx.empty_pinned((count,), numpy.float32)
+        pinned[...] = 1
+        on_device = cupy.ones(count, dtype=numpy.float32)
+        other = cupy.empty_like(on_device)
+        d2h = _median_times(lambda: on_device.get(out=pinned), reps, sync)
+        h2d = _median_times(lambda: on_device.set(pinned), reps, sync)
+        d2d = _median_times(lambda: cupy.copyto(other, on_device), reps,
+                            sync)
+        tiny_pinned = cupyx.empty_pinned((1,), numpy.float32)
+        tiny_device = cupy.ones(1, dtype=numpy.float32)
+        latency = _median_times(lambda: tiny_device.get(out=tiny_pinned),
+                                max(reps, 20), sync)
+    result.update({'d2h_bytes_per_s': pinned.nbytes / d2h,
+                   'h2d_bytes_per_s': pinned.nbytes / h2d,
+                   'device_bytes_per_s': 2.0 * pinned.nbytes / d2d,
+                   'latency_s': latency})
+    return result
+
+
+def _time_over(arrays_per_name, body, reps):
+    """Median seconds of ``body(i)`` for every parameter ``i``."""
+    def run():
+        for i in range(len(arrays_per_name)):
+            body(i)
+    return _median_times(run, reps, lambda: None)
+
+
+# Arrays larger than this are measured on their first this-many elements:
+# the cost per byte is the same, and VGG-16's 400 MB layer would otherwise
+# need gigabytes of scratch memory.
+MAX_MEASURED_ELEMENTS = 1 << 24
+
+
+def _host_arrays(shapes, dtypes, value):
+    return [numpy.full(s, value, dtype=d) for s, d in zip(shapes, dtypes)]
+
+
+def _host_op_costs(shapes, dtypes, reps):
+    """Seconds of each host operation over arrays of ``shapes``."""
+    from cgdp_chainer import accumulator
+    master = [chainer.Parameter(a) for a in _host_arrays(shapes, dtypes,
+                                                         0.5)]
+    for p in master:
+        p.grad = numpy.zeros_like(p.array)
+    slots = [_host_arrays(shapes, dtypes, 0.25 / (k + 1)) for k in range(3)]
+    other = [chainer.Parameter(a) for a in slots[0]]
+    for p, g in zip(other, slots[1]):
+        p.grad = g
+    bodies = {
+        # The accumulator's reduction (its own function) of two and of
+        # three slots into the mean: one device lends its slot instead.
+        'reduce2': lambda i: accumulator.reduce_sum(
+            master[i].grad, [slots[0][i], slots[1][i]], 0.5),
+        'reduce3': lambda i: accumulator.reduce_sum(
+            master[i].grad, [slots[0][i], slots[1][i], slots[2][i]],
+            1.0 / 3),
+        # What ParallelUpdater does per replica.
+        'addgrads': lambda i: master[i].addgrad(other[i]),
+        'copyparams': lambda i: other[i].copydata(master[i]),
+    }
+    return {name: _time_over(master, body, reps)
+            for name, body in bodies.items()}
+
+
+def _momentum_sgd_rule():
+    return chainer.optimizers.momentum_sgd.MomentumSGDRule(lr=1e-6,
+                                                           momentum=0.9)
+
+
+def _adam_rule():
+    return chainer.optimizers.adam.AdamRule(alpha=1e-6)
+
+
+# The host update rules the cost model knows, by the name it uses
+# (costmodel.inputs.OPTIMIZERS): Chainer's own rules, as the accumulator
+# runs them today. The fused host rules (the runtime's host_update module)
+# are measured here instead once they exist, behind the same function.
+HOST_UPDATE_RULES = {'momentum_sgd': _momentum_sgd_rule, 'adam': _adam_rule}
+
+
+def _update_rule_seconds(make_rule, shapes, dtypes, reps):
+    params = [chainer.Parameter(a) for a in _host_arrays(shapes, dtypes,
+                                                         0.5)]
+    for p in params:
+        p.grad = numpy.full_like(p.array, 1e-3)
+        p.update_rule = make_rule()
+        p.update_rule.update(p)  # allocates the state once
+    return _time_over(params, lambda i: params[i].update(), reps)
+
+
+def measure_host_update(optimizer_name, shapes, dtypes=None,
+                        reps=DEFAULT_REPS):
+    """Seconds of one optimizer's host update rule, per array and per byte.
+
+    The rule runs over arrays of ``shapes`` and over as many one-element
+    arrays: the second gives the fixed cost per array (Python, dispatch),
+    the difference the cost per byte (NumPy's passes over the parameter,
+    gradient and state).
+
+    Args:
+        optimizer_name (str): A key of :data:`HOST_UPDATE_RULES`
+            (``'momentum_sgd'``, ``'adam'``).
+        shapes (list of tuple): Parameter shapes (cut large ones to
+            :data:`MAX_MEASURED_ELEMENTS` elements first).
+        dtypes (list or None): Their dtypes (default float32).
+        reps (int): Timed repetitions (median).
+
+    Returns:
+        dict: ``per_array_s`` and ``per_byte_s``.
+
+    Raises:
+        ValueError: Unknown optimizer name, or no shapes.
+    """
+    if optimizer_name not in HOST_UPDATE_RULES:
+        raise ValueError('optimizer_name must be one of {}, got {!r}'.format(
+            ', '.join(HOST_UPDATE_RULES), optimizer_name))
+    if not shapes:
+        raise ValueError('shapes must list at least one parameter shape')
+    if dtypes is None:
+        dtypes = [numpy.dtype(numpy.float32)] * len(shapes)
+    make_rule = HOST_UPDATE_RULES[optimizer_name]
+    n_bytes = sum(int(numpy.prod(s)) * numpy.dtype(d).itemsize
+                  for s, d in zip(shapes, dtypes))
+    full = _update_rule_seconds(make_rule, shapes, dtypes, reps)
+    tiny = _update_rule_seconds(make_rule, [(1,)] * len(shapes), dtypes,
+                                reps)
+    return {'per_array_s': tiny / len(shapes),
+            'per_byte_s': max(0.0, full - tiny) / max(1, n_bytes)}
+
+
+def _measured_shapes(target):
+    params = [p for p in target.params() if p.array is not None]
+    shapes = [p.array.shape if p.array.size <= MAX_MEASURED_ELEMENTS
+              else (MAX_MEASURED_ELEMENTS,) for p in params]
+    dtypes = [numpy.dtype(p.array.dtype) for p in params]
+    return shapes, dtypes
+
+
+def measure_host_ops(target, reps=DEFAULT_REPS):
+    """The host accumulator's and ``ParallelUpdater``'s costs on CPU.
+
+    Each operation is timed over arrays of the target's parameter shapes
+    (the largest cut to :data:`MAX_MEASURED_ELEMENTS` elements) and over as
+    many one-element arrays; the second gives the fixed cost per array, the
+    difference the cost per byte.
+
+    Args:
+        target (chainer.Link): The model (any device; only shapes are used).
+        reps (int): Timed repetitions (median).
+
+    Returns:
+        dict: Operation -> ``{'per_array_s', 'per_byte_s'}``: ``reduce2``
+        (the mean of two slots), ``reduce_slot`` (each further slot),
+        ``update`` (a MomentumSGD update rule call, see
+        :func:`measure_host_update`), ``addgrads`` and ``copyparams``.
+    """
+    shapes, dtypes = _measured_shapes(target)
+    if not shapes:
+        raise ValueError('{} has no initialised parameters to measure the '
+                         'host operations on'.format(type(target).__name__))
+    n_bytes = sum(int(numpy.prod(s)) * d.itemsize
+                  for s, d in zip(shapes, dtypes))
+    arrays = len(shapes)
+    full = _host_op_costs(shapes, dtypes, reps)
+    tiny = _host_op_costs([(1,)] * len(shapes), dtypes, reps)
+    costs = {}
+    for name in full:
+        per_array = tiny[name] / arrays
+        per_byte = max(0.0, full[name] - tiny[name]) / max(1, n_bytes)
+        costs[name] = {'per_array_s': per_array, 'per_byte_s': per_byte}
+    three = costs.pop('reduce3')
+    costs['reduce_slot'] = {
+        key: max(0.0, three[key] - costs['reduce2'][key])
+        for key in ('per_array_s', 'per_byte_s')}
+    costs['update'] = measure_host_update('momentum_sgd', shapes, dtypes,
+                                          reps)
+    return costs
+
+
+def measure_host_updates(target, reps=DEFAULT_REPS):
+    """:func:`measure_host_update` of every known optimizer over the
+    target's parameter shapes.
+
+    Returns:
+        dict: Optimizer name -> ``{'per_array_s', 'per_byte_s'}``.
+    """
+    shapes, dtypes = _measured_shapes(target)
+    return {name: measure_host_update(name, shapes, dtypes, reps)
+            for name in HOST_UPDATE_RULES}
+
+
+def measure_function_overhead(device=None, units=50, reps=DEFAULT_REPS):
+    """Host-side seconds of one Chainer function call, forward and backward.
+
+    Runs a chain of ``units`` blocks of the calls a convolutional network
+    makes (a 1x1 convolution, batch normalization, ReLU and a residual
+    add) on one-element arrays, so the time is the per-call cost: Chainer's
+    Python (graph building, type checks, hooks) plus the array library's
+    dispatch; on CuPy arrays it includes launching each kernel (the device
+    is synchronized only at the end of a pass, so queued kernels overlap
+    the Python and do not count).
+
+    Args:
+        device (chainer.backend.Device or None): Default ``'@numpy'``.
+        units (int): Blocks of four calls per pass.
+        reps (int): Timed repetitions (median).
+
+    Returns:
+        dict: ``forward_s`` and ``backward_s`` per call.
+    """
+    import chainer.functions as F
+    if device is None:
+        device = chainer.get_device('@numpy')
+    xp = device.xp
+    sync = _synchronizer(device)
+
+    def param(value):
+        return chainer.Parameter(device.send(numpy.full(
+            (1, 1, 1, 1) if value == 'w' else (1,), 0.5,
+            dtype=numpy.float32)))
+    w, gamma, beta = param('w'), param('g'), param('b')
+    x = chainer.Variable(device.send(numpy.ones((2, 1, 1, 1),
+                                                dtype=numpy.float32)))
+    calls = 4 * units
+    times = {'forward': [], 'backward': []}
+    with chainer.using_config('train', True),             chainer.using_config('enable_backprop', True):
+        for rep in range(reps + 1):
+            sync()
+            start = time.perf_counter()
+            h = x
+            for _ in range(units):
+                y = F.convolution_2d(h, w)
+                y = F.batch_normalization(y, gamma, beta)
+                h = F.relu(y) + h
+            loss = F.sum(h)
+            sync()
+            middle = time.perf_counter()
+            loss.backward()
+            sync()
+            end = time.perf_counter()
+            for p in (w, gamma, beta):
+                p.cleargrad()
+            if rep > 0:
+                times['forward'].append((middle - start) / calls)
+                times['backward'].append((end - middle) / calls)
+    del xp
+    return {'forward_s': statistics.median(times['forward']),
+            'backward_s': statistics.median(times['backward'])}
+
+
+def measure_device_update(target, device, reps=DEFAULT_REPS):
+    """Seconds of MomentumSGD over the target's parameters on a GPU."""
+    xp = device.xp
+    params = []
+    rule_cls = chainer.optimizers.momentum_sgd.MomentumSGDRule
+    for p in target.params():
+        if p.array is None:
+            continue
+        param = chainer.Parameter(xp.array(p.array, copy=True))
+        param.grad = xp.zeros_like(param.array)
+        param.update_rule = rule_cls(lr=1e-6, momentum=0.9)
+        params.append(param)
+
+    def run():
+        for param in params:
+            param.update()
+    return _median_times(run, reps, _synchronizer(device))
+
+
+def measure_effective_cores(seconds=0.3):
+    """How many cores' worth of compute this process gets right now.
+
+    Runs the same single-threaded matrix products alone and then in one
+    thread per core at once: with the machine to itself, ``k`` threads
+    finish in the time of one; other processes on the cores stretch that.
+    ``effective = k x time alone / time together`` (at most ``k``).
+
+    Args:
+        seconds (float): About how long the run alone should take.
+
+    Returns:
+        float: Effective cores, between 1/k-ish and ``k``.
+    """
+    import threading
+    cores = hardware_module.available_cores()
+    a = numpy.random.RandomState(0).rand(192, 192).astype(numpy.float32)
+    with _blas_limit(1):
+        start = time.perf_counter()
+        numpy.dot(a, a)
+        once = max(1e-6, time.perf_counter() - start)
+        repeats = max(3, int(seconds / once))
+
+        def work():
+            for _ in range(repeats):
+                numpy.dot(a, a)
+        start = time.perf_counter()
+        work()
+        alone = time.perf_counter() - start
+        threads = [threading.Thread(target=work) for _ in range(cores)]
+        start = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        together = time.perf_counter() - start
+    return min(float(cores), cores * alone / together)
+
+
+# Sides of the square float32 matrix products that measure one thread's
+# BLAS rate: from the size of a ResNet layer's product at batch 4 and 64 px
+# to one large enough to reach BLAS's peak.
+BLAS_SIZES = (256, 512, 1024)
+
+
+def measure_blas_1t_flops(sizes=BLAS_SIZES, reps=DEFAULT_REPS):
+    """FLOP/s of a float32 matrix product on one BLAS thread.
+
+    Each size is timed ``reps`` times after a warm-up (median); the
+    fastest size's rate is returned: the rate at which one core does a
+    stage's arithmetic, so that the rest of the stage's one-thread time is
+    the part that does not run in BLAS (see
+    :func:`cgdp_chainer.costmodel.stage_gil_seconds`).
+
+    Returns:
+        float: FLOP/s.
+    """
+    rng = numpy.random.RandomState(0)
+    best = 0.0
+    with _blas_limit(1):
+        for n in sizes:
+            a = rng.rand(n, n).astype(numpy.float32)
+            b = rng.rand(n, n).astype(numpy.float32)
+            out = numpy.empty((n, n), dtype=numpy.float32)
+            seconds = _median_times(lambda: numpy.dot(a, b, out=out), reps,
+                                    lambda: None)
+            best = max(best, 2.0 * n ** 3 / max(seconds, 1e-9))
+    return best
+
+
+def machine_info(device):
+    """What the profile records about the machine."""
+    info = {'cores': hardware_module.available_cores(),
+            'cpu_count': os.cpu_count(),
+            'effective_cores': measure_effective_cores(),
+            'load_average': list(os.getloadavg())
+            if hasattr(os, 'getloadavg') else None}
+    if not devices_module.is_gpu(device):
+        info['blas_1t_flops'] = measure_blas_1t_flops()
+    try:
+        import threadpoolctl
+        info['blas'] = [{'api': i.get('internal_api'),
+                         'threads': i.get('num_threads')}
+                        for i in threadpoolctl.threadpool_info()]
+    except ImportError:  # pragma: no cover
+        pass
+    if devices_module.is_gpu(device):
+        info['gpus'] = devices_module.gpu_count()
+        info['gpu'] = devices_module.describe(device)
+    return info
+
+
+def profile_replica(target, device, in_arrays, loss_func=None,
+                    host_threads=None, reps=DEFAULT_REPS, statistic='median'):
+    """Profiles a staged model already on its device, on a given batch.
+
+    The target's persistent values (BatchNormalization statistics) and
+    NumPy's global random state are restored afterwards, and its gradients
+    cleared, so training is left as it was.
+
+    Args:
+        target (chainer.Link): Staged network or classifier on ``device``.
+        device (chainer.backend.Device): Its device.
+        in_arrays (tuple): ``(x, labels...)`` on ``device``.
+        loss_func (callable or None): ``loss_func(y, *labels)``.
+        host_threads (int or None): The accumulator's threads (default: as
+            the runtime, CPU count up to 4).
+        reps (int): Timed repetitions.
+        statistic (str): ``'median'`` or ``'min'`` of the repetitions of
+            the stage times.
+
+    Returns:
+        dict: The profile (see the module docstring).
+    """
+    if not isinstance(in_arrays, tuple):
+        in_arrays = (in_arrays,)
+    saved_persistents = _save_persistents(target)
+    saved_random = numpy.random.get_state()
+    try:
+        stages = measure_stages(target, device, in_arrays,
+                                loss_func=loss_func, reps=reps,
+                                statistic=statistic)
+        # FLOPs per image, so the profile also serves the presets without
+        # measured times; counting runs the stages in training mode too.
+        costs = flops.stage_costs(target, x=in_arrays[0][:1])
+        for stage, cost in zip(stages['stages'], costs):
+            stage['forward_flops'] = cost['forward_flops']
+            stage['backward_flops'] = cost['backward_flops']
+            stage['forward_calls'] = cost['forward_calls']
+            stage['counted_layers'] = cost['counted_layers']
+    finally:
+        _restore_persistents(target, saved_persistents)
+        numpy.random.set_state(saved_random)
+        target.cleargrads()
+    if host_threads is None:
+        host_threads = max(1, min(4, os.cpu_count() or 1))
+    spec = '@numpy' if not devices_module.is_gpu(device) else \
+        '@cupy:{}'.format(device.device.id)
+    profile = {
+        'version': PROFILE_VERSION,
+        'device': spec,
+        'hardware': 'this-cpu' if spec == '@numpy' else 'this-gpu',
+        'batch': int(in_arrays[0].shape[0]),
+        'image_size': int(in_arrays[0].shape[-1]) if
+        in_arrays[0].ndim == 4 else None,
+        'reps': reps,
+        'statistic': statistic,
+        'stages': stages['stages'],
+        'chunk_overhead': stages['chunk_overhead'],
+        'whole': stages['whole'],
+        'copy': measure_copies(device, reps=reps),
+        'host': {'threads': host_threads,
+                 'ops': measure_host_ops(target, reps=reps),
+                 'update_rules': measure_host_updates(target, reps=reps)},
+        'machine': machine_info(device),
+    }
+    profile['machine']['function_call'] = measure_function_overhead(
+        device, reps=reps)
+    if devices_module.is_gpu(device):
+        profile['device_update_s'] = measure_device_update(target, device,
+                                                           reps=reps)
+    seconds = sum(s['forward_s'] + s['backward_s']
+                  for s in profile['stages'])
+    work = profile['batch'] * sum(s['forward_flops'] + s['backward_flops']
+                                  for s in profile['stages'])
+    if seconds > 0:
+        # FLOP/s on the counted layers, as a comparison with the presets.
+        profile['machine']['achieved_flops'] = work / seconds
+    return profile
+
+
+def _save_persistents(target):
+    saved = []
+    for _, link in target.namedlinks():
+        for name in link._persistent:
+            value = link.__dict__[name]
+            saved.append((link, name, value.copy() if hasattr(
+                value, 'copy') else value))
+    return saved
+
+
+def _restore_persistents(target, saved):
+    for link, name, value in saved:
+        current = link.__dict__[name]
+        if hasattr(current, 'shape') and hasattr(value, 'shape') and \
+                current.shape == value.shape:
+            current[...] = value
+        else:
+            setattr(link, name, value)
+
+
+def synthetic_inputs(device, batch, image_size, n_classes=1000, seed=0):
+    """Random images and labels on ``device`` for profiling."""
+    rng = numpy.random.RandomState(seed)
+    x = rng.uniform(-1, 1, (batch, 3, image_size, image_size)).astype(
+        numpy.float32)
+    t = rng.randint(0, n_classes, batch).astype(numpy.int32)
+    return device.send(x), device.send(t)
+
+
+def profile_model(model, device, batch, image_size, reps=DEFAULT_REPS,
+                  n_classes=None, host_threads=None, statistic='median'):
+    """Profiles a staged model at a batch size and image size.
+
+    Args:
+        model (chainer.Link): A staged network (``stages``) or a classifier
+            around one; it is moved to ``device``.
+        device (str or chainer.backend.Device): ``'@numpy'`` or
+            ``'@cupy:N'``.
+        batch (int): Images per pass.
+        image_size (int): Image side in pixels.
+        reps (int): Timed repetitions.
+        n_classes (int or None): Label range (default 1000, or the
+            predictor's output size when it has ``n_classes``).
+        host_threads (int or None): Host accumulator threads to record.
+        statistic (str): ``'median'`` or ``'min'`` of the repetitions.
+
+    Returns:
+        dict: The profile.
+    """
+    if isinstance(device, str):
+        device = devices_module.parse_device(device)
+    if batch < 1 or image_size < 1:
+        raise ValueError('batch and image_size must be >= 1, got {} and '
+                         '{}'.format(batch, image_size))
+    model.to_device(device)
+    if n_classes is None:
+        predictor = getattr(model, 'predictor', model)
+        n_classes = int(getattr(predictor, 'n_classes', 1000))
+    in_arrays = synthetic_inputs(device, batch, image_size, n_classes)
+    profile = profile_replica(model, device, in_arrays, reps=reps,
+                              host_threads=host_threads, statistic=statistic)
+    profile['image_size'] = image_size
+    return profile
+
+
+def save_profile(profile, path):
+    """Writes a profile as JSON (creating the folder)."""
+    directory = os.path.dirname(path)
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+    with open(path, 'w') as f:
+        json.dump(profile, f, indent=1)
