@@ -107,7 +107,8 @@ class SyntheticImageNet(chainer.dataset.DatasetMixin):
 
 
 class ImageListError(ValueError):
-    """An image list file is missing, malformed or names a missing image."""
+    """An image list file is missing or malformed, or names an image that is
+    missing or cannot be read."""
 
 
 def read_image_list(list_path, root='.', n_classes=None):
@@ -131,10 +132,17 @@ def read_image_list(list_path, root='.', n_classes=None):
             malformed, a label is out of range or an image file is missing;
             the message names the list file and the line number.
     """
+    pairs, _ = _read_list(list_path, root, n_classes)
+    return pairs
+
+
+def _read_list(list_path, root, n_classes):
+    """:func:`read_image_list`'s pairs and, for each, ``'LIST:LINE'``."""
     if not os.path.isfile(list_path):
         raise ImageListError(
             '{}: image list file does not exist'.format(list_path))
     pairs = []
+    sources = []
     with open(list_path) as list_file:
         for line_number, line in enumerate(list_file, start=1):
             fields = line.split()
@@ -163,9 +171,45 @@ def read_image_list(list_path, root='.', n_classes=None):
                     '{}: image file {!r} does not exist'.format(
                         where, full_path))
             pairs.append((path, label))
+            sources.append(where)
     if not pairs:
         raise ImageListError('{}: the list names no images'.format(list_path))
-    return pairs
+    return pairs, sources
+
+
+def check_image_headers(pairs, root='.', sources=None):
+    """Checks that every image file is an image Pillow can open.
+
+    Reads only each file's header (format, size and mode), not its pixels,
+    so a file that is no image at all (empty, text, an unknown format)
+    stops the run before training, at a small cost per image. Pixels that
+    are damaged further in surface when the image is decoded, as an
+    :class:`ImageListError` that names the file (see
+    :class:`RGBLabeledImageDataset`).
+
+    Args:
+        pairs (list of tuple): ``(path, label)`` pairs.
+        root (str): Folder the paths are relative to.
+        sources (list of str or None): Where each pair came from
+            (``'LIST:LINE'``), for the messages.
+
+    Raises:
+        ImageListError: A file cannot be opened as an image; the message
+            names it (and its list line).
+    """
+    from PIL import Image
+    for index, (path, _) in enumerate(pairs):
+        full_path = os.path.join(root, path)
+        try:
+            with Image.open(full_path):
+                pass  # open() identifies the format and parses the header
+        except (OSError, ValueError) as error:
+            raise ImageListError('{}cannot read image {!r}: {}'.format(
+                _where(sources, index), full_path, error))
+
+
+def _where(sources, index):
+    return '' if sources is None else '{}: '.format(sources[index])
 
 
 class RGBLabeledImageDataset(chainer.datasets.LabeledImageDataset):
@@ -173,18 +217,25 @@ class RGBLabeledImageDataset(chainer.datasets.LabeledImageDataset):
 
     Chainer's class returns the pixels as stored, so a grayscale, paletted
     or RGBA file yields 1, 4 or index channels and breaks batching; this one
-    converts every image to three RGB channels. A file that cannot be read
-    raises an error naming it.
+    converts every image to three RGB channels. A file that cannot be
+    decoded raises :class:`ImageListError` naming it and, where known, the
+    list line it came from.
 
     Args:
         pairs (list of tuple): ``(path, label)`` pairs, e.g. from
             :func:`read_image_list`.
         root (str): Folder the paths are relative to.
+        sources (list of str or None): Where each pair came from, one per
+            pair (``'LIST:LINE'``), named in decoding errors.
     """
 
-    def __init__(self, pairs, root='.'):
+    def __init__(self, pairs, root='.', sources=None):
+        if sources is not None and len(sources) != len(pairs):
+            raise ValueError('sources must name one line per pair: got {} '
+                             'for {} pairs'.format(len(sources), len(pairs)))
         super(RGBLabeledImageDataset, self).__init__(
             pairs, root, dtype=numpy.float32, label_dtype=numpy.int32)
+        self._sources = None if sources is None else list(sources)
 
     def get_example(self, i):
         """Returns ``(image, label)``: float32 RGB CHW (0-255), int32."""
@@ -196,8 +247,9 @@ class RGBLabeledImageDataset(chainer.datasets.LabeledImageDataset):
                 pixels = numpy.asarray(image_file.convert('RGB'),
                                        dtype=numpy.float32)
         except (OSError, ValueError) as error:
-            raise ImageListError('cannot read image {!r}: {}'.format(
-                full_path, error))
+            raise ImageListError('{}cannot decode image {!r}: {}'.format(
+                _where(self._sources, int(i) % len(self)), full_path,
+                error))
         return pixels.transpose(2, 0, 1), numpy.int32(label)
 
 
@@ -307,7 +359,9 @@ def image_list_dataset(list_path, root, crop_size, train=True,
     """Builds the preprocessed dataset of a ``PATH LABEL`` list file.
 
     The list is checked completely before the dataset is returned (see
-    :func:`read_image_list`).
+    :func:`read_image_list`), and so is every image's header (see
+    :func:`check_image_headers`); an image that fails to decode later
+    raises :class:`ImageListError` naming the list file and line.
 
     Args:
         list_path (str): The list file.
@@ -323,10 +377,12 @@ def image_list_dataset(list_path, root, crop_size, train=True,
         PreprocessedImageDataset: The dataset.
 
     Raises:
-        ImageListError: See :func:`read_image_list`.
+        ImageListError: See :func:`read_image_list` and
+            :func:`check_image_headers`.
     """
-    pairs = read_image_list(list_path, root, n_classes=n_classes)
-    base = RGBLabeledImageDataset(pairs, root)
+    pairs, sources = _read_list(list_path, root, n_classes)
+    check_image_headers(pairs, root, sources)
+    base = RGBLabeledImageDataset(pairs, root, sources)
     return PreprocessedImageDataset(
         base, crop_size, train=train, mean=mean, resize_size=resize_size,
         seed=seed)

@@ -278,10 +278,57 @@ def test_pipeline_resizes_the_shorter_side(png_folder):
     assert resized.shape == (3, 10, 21)
 
 
-def test_unreadable_image_names_the_file(tmp_path):
-    pytest.importorskip('PIL')
+def test_a_file_that_is_no_image_is_refused_up_front(tmp_path):
+    Image = pytest.importorskip('PIL.Image')
+    Image.new('RGB', (8, 8)).save(str(tmp_path / 'good.png'))
     _write(tmp_path / 'broken.png', 'not a png')
-    list_path = _write(tmp_path / 'list.txt', 'broken.png 0\n')
+    open(str(tmp_path / 'empty.png'), 'wb').close()
+    for name in ('broken.png', 'empty.png'):
+        list_path = _write(tmp_path / 'list.txt',
+                           'good.png 0\n\n{} 1\n'.format(name))
+        # When the dataset is built, before any example is drawn.
+        with pytest.raises(datasets.ImageListError) as info:
+            datasets.image_list_dataset(list_path, str(tmp_path), 8)
+        message = str(info.value)
+        assert message.startswith('{}:3: '.format(list_path))
+        assert 'cannot read image' in message and name in message
+
+
+def _truncated_png(path):
+    Image = pytest.importorskip('PIL.Image')
+    rng = numpy.random.default_rng(0)
+    pixels = rng.integers(0, 256, size=(40, 40, 3), dtype=numpy.uint8)
+    Image.fromarray(pixels).save(path)
+    with open(path, 'rb') as f:
+        data = f.read()
+    with open(path, 'wb') as f:
+        f.write(data[:len(data) // 2])
+
+
+def test_an_image_damaged_inside_names_the_list_line_when_decoded(tmp_path):
+    Image = pytest.importorskip('PIL.Image')
+    Image.new('RGB', (8, 8)).save(str(tmp_path / 'good.png'))
+    _truncated_png(str(tmp_path / 'cut.png'))
+    list_path = _write(tmp_path / 'list.txt', 'good.png 0\ncut.png 1\n')
+    # Its header is intact: the dataset builds, the good image reads.
     dataset = datasets.image_list_dataset(list_path, str(tmp_path), 8)
-    with pytest.raises(datasets.ImageListError, match='broken.png'):
+    assert dataset[0][0].shape == (3, 8, 8)
+    for index in (1, -1):
+        with pytest.raises(datasets.ImageListError) as info:
+            dataset[index]
+        message = str(info.value)
+        assert message.startswith('{}:2: cannot decode image'.format(
+            list_path))
+        assert 'cut.png' in message
+
+
+def test_image_dataset_without_sources_still_names_the_file(tmp_path):
+    _truncated_png(str(tmp_path / 'cut.png'))
+    dataset = datasets.RGBLabeledImageDataset([('cut.png', 0)],
+                                              str(tmp_path))
+    with pytest.raises(datasets.ImageListError,
+                       match="^cannot decode image .*cut.png"):
         dataset[0]
+    with pytest.raises(ValueError, match='one line per pair'):
+        datasets.RGBLabeledImageDataset([('cut.png', 0)], str(tmp_path),
+                                        sources=[])
