@@ -108,15 +108,19 @@ def _check_readiness(model, make_loss, prior_grads=False, **backward_kw):
             assert numpy.array_equal(array, expected[name]), name
 
     # Reported right after the last consumer's backward: every consumer
-    # done, and no other function's backward started in between.
+    # done, and no other function's backward started in between. A
+    # parameter whose consumers the backward never visits (no gradient
+    # reached them) is reported after the whole backward.
     done = set()
     last_event = None
-    for event in hook.events:
+    last_done = max(i for i, (kind, _) in enumerate(hook.events)
+                    if kind == 'done')
+    for i, event in enumerate(hook.events):
         kind, what = event
         if kind == 'done':
             done.add(what)
         elif kind == 'ready' and what not in report.unused:
-            assert consumers[what] <= done, what
+            assert consumers[what] <= done or i > last_done, what
             assert last_event[0] in ('done', 'ready'), what
         last_event = event
     return report, loss
@@ -208,6 +212,36 @@ def test_branch_that_depends_on_a_flag():
     model.use_extra = True
     report, _ = _check_readiness(model, lambda: model(x))
     assert set(report.unused) == {'/unused/W', '/unused/b'}
+
+
+class _CutGradient(chainer.FunctionNode):
+    """Identity whose backward gives no gradient: what lies behind it is in
+    the graph but never visited by the backward."""
+
+    def forward(self, inputs):
+        return inputs[0].copy(),
+
+    def backward(self, indexes, grad_outputs):
+        return None,
+
+
+def test_parameter_behind_a_cut_gradient_is_still_reported():
+    model = Branchy()
+    x = _x((3, 4))
+
+    def make_loss():
+        cut, = _CutGradient().apply((model.extra(model.l1(x)),))
+        return F.sum(model.l3(model.l2(model.l1(x)))) + F.sum(cut)
+
+    report, _ = _check_readiness(model, make_loss)
+    # In the graph, so not unused; never given a gradient, as in Chainer.
+    assert '/extra/W' not in report.unused
+    assert model.extra.W.grad is None
+    # Reported after the whole backward, with l1, whose second use is
+    # behind the cut too: conservative, and correct.
+    assert set(report.order[-4:]) == {'/extra/W', '/extra/b', '/l1/W',
+                                      '/l1/b'}
+    assert model.l1.W.grad is not None
 
 
 def test_parameters_registered_on_chains():
@@ -310,8 +344,11 @@ def test_googlenet_with_auxiliary_heads():
     t = numpy.array([1, 3], numpy.int32)
     with chainer.using_config('train', True):
         report, _ = _check_readiness(model, lambda: model(x, t))
+        with readiness.ParameterUses(model) as uses:
+            model(x, t)
     aux = [n for n in report.order if 'aux' in n]
     assert aux and not set(aux) & set(report.unused)
+    assert uses.outside == {}
 
 
 @pytest.mark.slow
@@ -322,6 +359,9 @@ def test_resnet152_gradients_identical():
     t = numpy.array([1, 2], numpy.int32)
     report, _ = _check_readiness(model, lambda: model(x, t))
     assert len(report.order) == 468 and report.unused == ()
+    with readiness.ParameterUses(model) as uses:
+        model(x, t)
+    assert uses.outside == {}
 
 
 @pytest.mark.slow
@@ -421,6 +461,7 @@ def test_chunk_plan_by_layer_count():
     assert plan.layers[-1][-1] == '/unused'
     assert [len(c) for c in plan.layers] == [2, 2, 2]
     assert plan.n_chunks == 3
+    assert plan.fingerprint.startswith('3 chunks of 2x3 layers, sha256 ')
     assert sorted(plan.chunk_of) == sorted(n for n, _ in model.namedparams())
     for i, chunk in enumerate(plan.chunks):
         for name in chunk:
@@ -541,7 +582,8 @@ def test_link_hook_waits_only_for_each_layers_chunk(registration):
     assert plan.n_chunks == 4
     gates = _Gates(plan.n_chunks)
     hook = readiness.ChunkWaitHook(model, plan, gates.wait)
-    assert hook.chunk_of(model.out) == plan.chunk_of_layer['/out']
+    assert hook.chunks_of(model.out) == (plan.chunk_of_layer['/out'],)
+    assert hook.chunks_of(model.inner) == (plan.chunk_of_layer['/inner'],)
     x = _x((2, 4))
 
     def forward():
@@ -573,6 +615,76 @@ def test_link_hook_waits_only_for_each_layers_chunk(registration):
         if registration == 'install':
             hook.uninstall()
     assert not model.out.local_link_hooks
+
+
+class UsesOutside(chainer.Chain):
+    """A parent using a child's weight without calling the child."""
+
+    def __init__(self):
+        super(UsesOutside, self).__init__()
+        with self.init_scope():
+            self.first = L.Linear(4, 3)
+            self.proj = L.Linear(3, 3)
+            self.last = L.Linear(3, 2)
+
+    def forward(self, x):
+        h = self.first(x)
+        h = F.linear(h, self.proj.W)  # self.proj is never called
+        return F.sum(self.last(h))
+
+
+def test_parameter_uses_outside_their_link_are_waited_for():
+    model = UsesOutside()
+    x = _x((2, 4))
+    with readiness.ParameterUses(model) as uses:
+        loss = model(x)
+    assert uses.outside == {'/proj/W': '/'}
+    model.cleargrads()
+    report = readiness.ReadinessBackward(model.namedparams()).backward(
+        loss, lambda name, used: None)
+    assert report.unused == ('/proj/b',)
+    plan = readiness.ChunkPlan.from_ready_order(report.order, report.unused,
+                                                chunk_size=1)
+    without = readiness.ChunkWaitHook(model, plan, lambda chunk: None)
+    assert without.chunks_of(model) == ()
+    gates = _Gates(plan.n_chunks)
+    hook = readiness.ChunkWaitHook(model, plan, gates.wait, uses=uses)
+    assert hook.chunks_of(model) == (plan.chunk_of['/proj/W'],)
+    hook.install()
+    try:
+        thread, errors, result = _forward_in_thread(lambda: model(x))
+        # The root's call waits for proj's chunk before anything runs.
+        assert gates.wait_for_calls(1) == [plan.chunk_of['/proj/W']]
+        assert not result
+        for event in gates.events:
+            event.set()
+        thread.join(timeout=30)
+        assert not thread.is_alive() and not errors and result
+    finally:
+        for event in gates.events:
+            event.set()
+        hook.uninstall()
+
+
+def test_parameter_used_outside_every_link_call_is_refused():
+    model = UsesOutside()
+    x = _x((2, 4))
+    with readiness.ParameterUses(model) as uses:
+        loss = F.sum(F.linear(model.first(x), model.proj.W))
+    assert uses.outside == {'/proj/W': None}
+    report = readiness.ReadinessBackward(model.namedparams()).backward(
+        loss, lambda name, used: None)
+    plan = readiness.ChunkPlan.from_ready_order(report.order, report.unused,
+                                                chunk_size=1)
+    with pytest.raises(ValueError, match='/proj/W'):
+        readiness.ChunkWaitHook(model, plan, lambda chunk: None, uses=uses)
+
+
+def test_parameter_uses_of_ordinary_models_are_empty():
+    for model in (Branchy(), Nested()):
+        with readiness.ParameterUses(model) as uses:
+            model(_x((2, 4)))
+        assert uses.outside == {}
 
 
 def test_link_hook_refuses_a_plan_of_another_model():

@@ -621,6 +621,109 @@ def parameter_nbytes(named_params):
     return sizes
 
 
+class ParameterUses(object):
+
+    """Finds, during one forward, parameters used outside their own link.
+
+    :class:`ChunkWaitHook` waits for a parameter's chunk when the link that
+    owns it is called. A parameter used before its owner has been called in
+    the forward (``F.linear(h, self.embed.W)`` in a parent's ``forward``,
+    ``self.l.forward(x)`` instead of ``self.l(x)``, or a weight tied by
+    reference into another link) would escape that wait; this records, for
+    each such parameter, the innermost link being called at its first such
+    use, so that the hook waits there too.
+
+    Use it around the first iteration's forward, in the thread running it
+    (it registers a link hook and a function hook for that thread)::
+
+        with ParameterUses(model) as uses:
+            loss = model(*in_arrays)
+        hook = ChunkWaitHook(model, plan, wait, uses=uses)
+
+    Parameters are recognized by their arrays, which must stay in place
+    during that forward (nothing publishes weights in the first iteration).
+
+    Args:
+        model (chainer.Link): The model whose forward is watched; parameter
+            names are relative to it, as in ``model.namedparams()``.
+
+    Attributes:
+        outside (dict): Parameter name to the path of the link being called
+            at its first use before its owner was called, or ``None`` if no
+            link of ``model`` was being called then.
+    """
+
+    def __init__(self, model):
+        self._model = model
+        self._path_of = {link: path for path, link in model.namedlinks()}
+        self._by_array = {}
+        self._entered = set()
+        self._stack = []
+        self.outside = {}
+        self._link_hook = _CallTracker(self)
+        self._function_hook = _UseTracker(self)
+
+    def __enter__(self):
+        self._by_array = {
+            id(param.array): (name, owner_of(name))
+            for name, param in self._model.namedparams()
+            if param.array is not None}
+        self._entered = set()
+        self._stack = []
+        self._link_hook.__enter__()
+        self._function_hook.__enter__()
+        return self
+
+    def __exit__(self, *exc_info):
+        self._function_hook.__exit__(*exc_info)
+        self._link_hook.__exit__(*exc_info)
+        self._by_array = {}
+
+    def _called(self, link):
+        path = self._path_of.get(link)
+        self._stack.append(path)
+        if path is not None:
+            self._entered.add(path)
+
+    def _returned(self, link):
+        self._stack.pop()
+
+    def _used(self, in_data):
+        for array in in_data:
+            hit = self._by_array.get(id(array))
+            if hit is None:
+                continue
+            name, owner = hit
+            if owner not in self._entered and name not in self.outside:
+                active = [p for p in self._stack if p is not None]
+                self.outside[name] = active[-1] if active else None
+
+
+class _CallTracker(chainer.LinkHook):
+
+    name = 'ParameterUsesCalls'
+
+    def __init__(self, uses):
+        self._uses = uses
+
+    def forward_preprocess(self, args):
+        self._uses._called(args.link)
+
+    def forward_postprocess(self, args):
+        self._uses._returned(args.link)
+
+
+class _UseTracker(chainer.FunctionHook):
+
+    name = 'ParameterUsesFunctions'
+
+    def __init__(self, uses):
+        self._uses = uses
+
+    def forward_preprocess(self, function, in_data):
+        self._uses._used(in_data)
+
+
 class ChunkWaitHook(chainer.LinkHook):
 
     """Makes a layer's forward wait for its own chunk's new weights.
@@ -631,33 +734,38 @@ class ChunkWaitHook(chainer.LinkHook):
     without parameters never wait. A Chain's own parameters are waited for
     when the Chain is called.
 
-    Use it either registered on the owning links (:meth:`install`, which
+    Use it either registered on the waiting links (:meth:`install`, which
     works in any thread) or as a context manager around the forward
     (``with hook:``; Chainer keeps such hooks per thread).
 
-    Parameters used outside a call of their owning link (e.g.
-    ``F.linear(x, self.l.W)`` in a parent's ``forward``) are not covered:
-    their owner's call is what waits.
+    A parameter used before its owning link is called in the forward is
+    covered only with ``uses`` (see :class:`ParameterUses`).
 
     Args:
         model (chainer.Link): The replica whose forward waits.
         plan (ChunkPlan): The chunks.
         wait (callable): ``wait(chunk_index)``; blocks until that chunk's
             new weights are in place.
+        uses (ParameterUses): Optional; parameters used outside their own
+            link, found in the first forward: the link being called at that
+            use waits for their chunks too.
 
     Raises:
         ValueError: A layer of ``model`` is not in ``plan`` (a plan of
-            another model), or ``wait`` is not callable.
+            another model), ``wait`` is not callable, or ``uses`` holds a
+            parameter used while no link of the model was being called
+            (no link call could wait for it).
     """
 
     name = 'ChunkWaitHook'
 
-    def __init__(self, model, plan, wait):
+    def __init__(self, model, plan, wait, uses=None):
         if not callable(wait):
             raise ValueError('wait must be callable as wait(chunk_index)')
         self._wait = wait
-        self._chunk_of_link = {}
-        for path, link in model.namedlinks():
+        links = dict(model.namedlinks())
+        chunks_of = {}
+        for path, link in links.items():
             own = [n for n, _ in link.namedparams() if n.count('/') == 1]
             if not own:
                 continue
@@ -666,22 +774,39 @@ class ChunkWaitHook(chainer.LinkHook):
                     'layer {} of the model is not in the chunk plan ({}); '
                     'the plan must come from this model\'s parameter '
                     'names'.format(path, plan.fingerprint))
-            self._chunk_of_link[link] = plan.chunk_of_layer[path]
+            chunks_of.setdefault(path, set()).add(plan.chunk_of_layer[path])
+        for name, path in sorted((uses.outside if uses else {}).items()):
+            if path is None:
+                raise ValueError(
+                    'parameter {} is used while no link of the model is '
+                    'being called, so no link call can wait for its new '
+                    'weights; use it inside a link\'s forward'.format(name))
+            if name not in plan.chunk_of:
+                raise ValueError('parameter {} is not in the chunk plan '
+                                 '({})'.format(name, plan.fingerprint))
+            chunks_of.setdefault(path, set()).add(plan.chunk_of[name])
+        # The latest-completing chunk first: the others are then done.
+        self._chunks_of_link = {
+            links[path]: tuple(sorted(chunks, reverse=True))
+            for path, chunks in chunks_of.items()}
         self._installed = []
 
-    def chunk_of(self, link):
-        """The chunk a link's call waits for, or ``None`` if it never waits.
+    def chunks_of(self, link):
+        """The chunks a link's call waits for (empty if it never waits).
 
         Args:
             link (chainer.Link): A link of the model.
+
+        Returns:
+            tuple of int: Chunk indices, in the order waited.
         """
-        return self._chunk_of_link.get(link)
+        return self._chunks_of_link.get(link, ())
 
     def install(self):
-        """Registers this hook on every link that owns parameters."""
+        """Registers this hook on every link that waits."""
         if self._installed:
             raise RuntimeError('ChunkWaitHook is already installed')
-        for link in self._chunk_of_link:
+        for link in self._chunks_of_link:
             link.add_hook(self)
             self._installed.append(link)
 
@@ -693,8 +818,7 @@ class ChunkWaitHook(chainer.LinkHook):
         self._installed = []
 
     def forward_preprocess(self, args):
-        chunk = self._chunk_of_link.get(args.link)
-        if chunk is not None:
+        for chunk in self._chunks_of_link.get(args.link, ()):
             self._wait(chunk)
 
 
