@@ -564,9 +564,41 @@ def test_bad_peer_scope_lists_the_scopes():
         make_hardware(peer_scope='mesh')
 
 
-def test_updater_chooses_chunk_size_from_the_model():
-    # CGDPUpdater(chunk_size='model') profiles replica 0 on its share of the
-    # first batch and asks choose_chunk_size; training then goes on.
+def pipeline_profile(overhead_s):
+    """A four-stage CPU profile whose host update (0.4 s per stage) hides
+    behind the backward of earlier chunks when chunks are small, and whose
+    chunks each cost ``overhead_s`` more; two cores, so that a host job
+    runs beside the replica."""
+    profile = cpu_profile(cores=2)
+    stage = dict(profile['stages'][0], param_bytes=4, param_arrays=1)
+    profile['stages'] = [dict(stage) for _ in range(4)]
+    profile['host']['ops']['update'] = {'per_array_s': 0.4,
+                                        'per_byte_s': 0.0}
+    profile['chunk_overhead'] = {'forward_s': overhead_s,
+                                 'backward_s': overhead_s}
+    profile['hardware'] = 'this-cpu'
+    return profile
+
+
+def test_model_chunk_chooser_follows_the_profile():
+    # Free chunks: one stage per chunk hides three of the four updates.
+    # Chunks that cost 1 s each: one chunk of all four stages.
+    chooser = costmodel.ModelChunkChooser()
+    assert chooser.choose_from_profile(pipeline_profile(0.0), 1) == 1
+    assert chooser.choice == 1
+    assert chooser.predicted[1] == min(chooser.predicted.values())
+    assert chooser.predicted[4] > chooser.predicted[1]
+    assert chooser.choose_from_profile(pipeline_profile(1.0), 1) == 4
+    assert chooser.choice == 4
+    with pytest.raises(ValueError, match='workers'):
+        chooser.choose_from_profile(pipeline_profile(0.0), 1, 'fork')
+    with pytest.raises(ValueError, match='hardware'):
+        costmodel.ModelChunkChooser(hardware='dgx')
+
+
+def test_updater_runs_the_chunk_size_the_chooser_recorded():
+    # CGDPUpdater(chunk_size=chooser) profiles replica 0 on its share of
+    # the first batch through the chooser, then trains at its choice.
     from cgdp_chainer import CGDPUpdater
     from staged_models import StagedMLP
     model = L.Classifier(StagedMLP())
@@ -576,12 +608,17 @@ def test_updater_chooses_chunk_size_from_the_model():
     data = [(rng.rand(6).astype(numpy.float32), numpy.int32(i % 5))
             for i in range(16)]
     iterator = chainer.iterators.SerialIterator(data, 8, shuffle=False)
+    chooser = costmodel.ModelChunkChooser(reps=1)
     updater = CGDPUpdater(iterator, optimizer, ['@numpy', '@numpy'],
-                          chunk_size='model')
+                          chunk_size=chooser, workers='thread')
     try:
         updater.update()
-        assert isinstance(updater.chunk_size, int)
-        assert 1 <= updater.chunk_size <= updater.n_stages
+        assert chooser.profile is not None
+        assert len(chooser.profile['stages']) == updater.n_stages
+        assert chooser.profile['batch'] == 4  # device 0's share
+        assert updater.chunk_size == chooser.choice
+        assert chooser.predicted[chooser.choice] == min(
+            chooser.predicted.values())
         updater.update()
     finally:
         updater.finalize()
@@ -873,3 +910,210 @@ def test_multinode_prediction_rows():
     assert set(rows[0]) == set(costmodel_predict.MULTINODE_COLUMNS)
     assert rows[1]['t_chainermn'] > rows[0]['t_chainermn']
     assert rows[0]['devices_per_node'] == 4 and rows[0]['network'] == 'ib-edr'
+
+
+# ------------------------------------------------- the NCCL baseline
+
+def test_nccl_hand_computed():
+    # F = 1, B = 2, 100 bytes. Free packing: the ring reduce moves 100
+    # bytes over every hop at once at 100 B/s (1 s), the broadcast too:
+    # 3 + 1 + 1 = 5 s for 2 and for 4 devices; 3 s for one (no NCCL).
+    work = workload([1.0], [2.0], [100])
+    hw = make_hardware()
+    for n, expected in ((1, 3.0), (2, 5.0), (4, 5.0)):
+        assert costmodel.nccl_closed_form(work, hw, n) == \
+            pytest.approx(expected)
+        assert costmodel.simulate_nccl(work, hw, n).iteration_s == \
+            pytest.approx(expected)
+    # Packing at 100 B/s costs 2 s per pass (read + write), four passes
+    # (gather and scatter of the gradients and of the parameters); the
+    # update 5 s (MomentumSGD: 5 bytes per byte) or 7 s (Adam).
+    hw = make_hardware(device_memory_bw=100.0)
+    assert costmodel.nccl_closed_form(work, hw, 2) == pytest.approx(
+        3.0 + 4 * 2.0 + 1.0 + 5.0 + 1.0)
+    assert costmodel.simulate_nccl(work, hw, 2).iteration_s == \
+        pytest.approx(18.0)
+    work.optimizer = 'adam'
+    assert costmodel.simulate_nccl(work, hw, 2).iteration_s == \
+        pytest.approx(20.0)
+    assert costmodel.nccl_closed_form(work, hw, 1) == pytest.approx(10.0)
+
+
+def test_nccl_ring_crosses_the_sockets_through_the_host():
+    # Two devices per socket with NVLink between them; 1 -> 2 and 3 -> 0
+    # are staged through host memory over 50 B/s links: the ring runs at
+    # 50 B/s, 2 s per collective. Two devices stay on one socket: 1 s.
+    work = workload([1.0], [2.0], [100])
+    hw = make_hardware(devices_per_socket=2, peer_scope='socket',
+                       host_link_bw=50.0)
+    assert costmodel.ring_hops(4, 0, 'reduce') == [(1, 2), (2, 3), (3, 0)]
+    assert costmodel.ring_hops(4, 0, 'bcast') == [(0, 1), (1, 2), (2, 3)]
+    phases = costmodel.nccl_phases(work, hw, 4)
+    assert phases['reduce'] == pytest.approx(2.0)
+    assert phases['bcast'] == pytest.approx(2.0)
+    assert costmodel.simulate_nccl(work, hw, 4).iteration_s == \
+        pytest.approx(7.0)
+    assert costmodel.nccl_closed_form(work, hw, 2) == pytest.approx(5.0)
+
+
+def test_nccl_needs_a_gpu_preset():
+    hw = hardware.get_hardware('this-cpu', cpu_profile())
+    work = costmodel.build_workload(cpu_profile(), hw, 1)
+    with pytest.raises(ValueError, match='NCCL.*GPU preset'):
+        costmodel.simulate_nccl(work, hw, 2)
+    result = costmodel.predict(cpu_profile(), hw, 2, 1)
+    assert result['t_nccl'] is None and result['speedup_vs_nccl'] is None
+
+
+def test_predictions_include_both_baselines():
+    model = ConvLinear()
+    profile = {'stages': flops.stage_costs(model, image_size=8), 'batch': 1}
+    result = costmodel.predict(profile, 'minsky', 4, 16)
+    assert result['speedup_vs_nccl'] == pytest.approx(
+        result['t_nccl'] / result['t_cgdp'])
+    assert result['t_nccl_closed'] > 0
+    assert 0 < result['eff_nccl'] <= 1.0 + 1e-9
+
+
+# ---------------------------------------------- worker kinds on GPUs
+
+def launch_workload():
+    """F = 1 s and B = 2 s per replica, of which 0.75 s and 1.5 s are its
+    host-side time (held in its interpreter); no parameters."""
+    work = workload([1.0], [2.0], [0], [0])
+    work.forward_gil_s = [0.75]
+    work.backward_gil_s = [1.5]
+    return work
+
+
+@pytest.mark.parametrize('n', [1, 2, 4])
+def test_thread_workers_share_one_interpreter_on_gpus(n):
+    # Each replica holds the lock for 0.75 of its 3 s; N thread workers
+    # need N x 0.75 of it: 3 s x max(1, 0.75 N). Process workers: 3 s.
+    work = launch_workload()
+    hw = make_hardware()
+    expected = 3.0 * max(1.0, 0.75 * n)
+    assert costmodel.simulate_cgdp(work, hw, n, 1, workers='thread'
+                                   ).iteration_s == pytest.approx(expected)
+    assert costmodel.cgdp_closed_form(work, hw, n, 1, workers='thread') == \
+        pytest.approx(expected)
+    assert costmodel.simulate_cgdp(work, hw, n, 1, workers='process'
+                                   ).iteration_s == pytest.approx(3.0)
+    # ParallelUpdater's one thread issues every replica's kernels;
+    # MultiprocessParallelUpdater's processes each their own.
+    assert costmodel.simulate_typical(work, hw, n).iteration_s == \
+        pytest.approx(expected)
+    assert costmodel.typical_closed_form(work, hw, n) == \
+        pytest.approx(expected)
+    assert costmodel.simulate_nccl(work, hw, n).iteration_s == \
+        pytest.approx(3.0)
+
+
+def test_bad_worker_kind_names_the_choices():
+    with pytest.raises(ValueError, match="'process', 'thread'"):
+        costmodel.simulate_cgdp(launch_workload(), make_hardware(), 2, 1,
+                                workers='fork')
+    with pytest.raises(ValueError, match='workers'):
+        costmodel.predict({'stages': [{'forward_flops': 1.0,
+                                       'backward_flops': 1.0,
+                                       'param_bytes': 4}]}, 'minsky', 2, 1,
+                          workers=None)
+
+
+def flops_stage(calls, layers=1, flops_per_image=1e9):
+    return {'forward_flops': flops_per_image,
+            'backward_flops': 2 * flops_per_image, 'param_bytes': 4,
+            'param_arrays': 1, 'forward_calls': calls,
+            'counted_layers': layers}
+
+
+def test_a_gpu_stage_takes_at_least_its_launch_time():
+    # 1 TFLOP/s: 1 GFLOP is 1 ms forward, 2 ms backward. Host: 100 us per
+    # forward call and 150 us per backward call plus 10 us per kernel (two
+    # per backward): 20 calls = 2.2 ms forward (launch-bound), 3.4 ms
+    # backward; 5 calls = 0.55 ms and 0.85 ms (compute-bound).
+    hw = make_hardware(function_forward_s=100e-6,
+                       function_backward_s=150e-6, kernel_launch_s=10e-6)
+    work = costmodel.build_workload({'stages': [flops_stage(20),
+                                                flops_stage(5)]}, hw, 1)
+    assert work.forward_s == pytest.approx([2.2e-3, 1e-3])
+    assert work.backward_s == pytest.approx([3.4e-3, 2e-3])
+    assert work.forward_gil_s == pytest.approx([2.2e-3, 0.55e-3])
+    assert work.backward_gil_s == pytest.approx([3.4e-3, 0.85e-3])
+    # Without function counts (an older profile) nothing is launch-bound.
+    stage = flops_stage(20)
+    del stage['forward_calls']
+    work = costmodel.build_workload({'stages': [stage]}, hw, 1)
+    assert work.forward_s == pytest.approx([1e-3])
+    assert work.forward_gil_s is None
+
+
+def test_small_layers_run_below_the_large_layer_rate():
+    # A layer of conv_half_flops runs at half the rate: 1 GFLOP in 2 ms;
+    # one of 9 GFLOP at 0.9 of it (10 ms); two layers of 0.5 GFLOP each
+    # pay the half size twice (3 ms).
+    hw = make_hardware(conv_half_flops=1e9)
+    assert costmodel.inputs.gpu_stage_seconds(1e9, 1, 1, hw) == \
+        pytest.approx(2e-3)
+    assert costmodel.inputs.gpu_stage_seconds(9e9, 1, 1, hw) == \
+        pytest.approx(10e-3)
+    assert costmodel.inputs.gpu_stage_seconds(0.5e9, 2, 2, hw) == \
+        pytest.approx(3e-3)
+    assert costmodel.inputs.gpu_stage_seconds(0.0, 1, 1, hw) == 0.0
+
+
+def test_flops_count_calls_and_layers():
+    costs = flops.stage_costs(ConvLinear(), image_size=8, batch=2)
+    # conv + relu; conv; reshape + linear.
+    assert [c['forward_calls'] for c in costs] == [2, 1, 2]
+    assert [c['counted_layers'] for c in costs] == [1, 1, 1]
+
+
+# ------------------------------------------------ host update per optimizer
+
+def test_adam_costs_more_on_the_host_than_momentum_sgd():
+    # A preset: 2 more bytes of traffic per byte and its cost per array.
+    work = workload([1.0], [1.0], [100])
+    hw = make_hardware(host_thread_bw=100.0, host_memory_bw=100.0,
+                       host_update_overhead_s=1e-3,
+                       host_adam_overhead_s=3e-3)
+    momentum = costmodel.host_job_seconds(work, hw, 1, 10, 100)
+    assert momentum == pytest.approx(5.0 + 10e-3)
+    work.optimizer = 'adam'
+    assert costmodel.host_job_seconds(work, hw, 1, 10, 100) == \
+        pytest.approx(7.0 + 30e-3)
+
+
+def test_measured_host_update_per_optimizer():
+    profile = cpu_profile()
+    profile['stages'][0].update(param_bytes=400, param_arrays=2)
+    profile['host']['update_rules'] = {
+        'momentum_sgd': {'per_array_s': 1e-3, 'per_byte_s': 0.0},
+        'adam': {'per_array_s': 4e-3, 'per_byte_s': 1e-5}}
+    hw = hardware.get_hardware('this-cpu', profile).replace(
+        host_chunk_overhead_s=0.0)
+    adam = costmodel.build_workload(profile, hw, 1, optimizer='adam')
+    assert costmodel.host_job_seconds(adam, hw, 1, 2, 400) == \
+        pytest.approx(8e-3 + 4e-3)
+    sgd = costmodel.build_workload(profile, hw, 1)
+    assert costmodel.host_job_seconds(sgd, hw, 1, 2, 400) == \
+        pytest.approx(2e-3)
+    # A profile from before the per-optimizer measurement has no Adam.
+    del profile['host']['update_rules']
+    with pytest.raises(ValueError, match='adam'):
+        costmodel.build_workload(profile, hw, 1, optimizer='adam')
+    with pytest.raises(ValueError, match='momentum_sgd, adam'):
+        costmodel.build_workload(profile, hw, 1, optimizer='rmsprop')
+    assert costmodel.check_optimizer(chainer.optimizers.Adam()) == 'adam'
+
+
+def test_measure_host_update_and_function_overhead():
+    from cgdp_chainer.costmodel import profiler
+    shapes = [(64, 64), (64,)]
+    for name in ('momentum_sgd', 'adam'):
+        cost = profiler.measure_host_update(name, shapes, reps=1)
+        assert cost['per_array_s'] > 0 and cost['per_byte_s'] >= 0
+    with pytest.raises(ValueError, match='momentum_sgd, adam'):
+        profiler.measure_host_update('sgd', shapes)
+    calls = profiler.measure_function_overhead(units=5, reps=1)
+    assert calls['forward_s'] > 0 and calls['backward_s'] > 0
