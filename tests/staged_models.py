@@ -212,7 +212,8 @@ class SlowLaterMLP(StagedMLP):
 
     @property
     def stages(self):
-        return [self.slow] + super(SlowLaterMLP, self).stages
+        stages = super(SlowLaterMLP, self).stages
+        return stages[:1] + [self.slow] + stages[1:]
 
 
 class BlasProbe(chainer.Link):

@@ -208,6 +208,14 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         or before the first update)."""
         return getattr(self._replicas, 'startup_seconds', None)
 
+    def signal_round_trip_seconds(self, repeats=100):
+        """Median seconds of a message to every worker process and back: the
+        cost of the per-chunk signals (None for thread workers, or before
+        the first update)."""
+        if self._replicas is None or self.workers != 'process':
+            return None
+        return self._replicas.round_trip_seconds(repeats)
+
     def _initial_chunk_size(self, chunk_size):
         if isinstance(chunk_size, str):
             if chunk_size != 'auto' and chunk_size not in \

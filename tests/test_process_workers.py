@@ -1,0 +1,308 @@
+"""CGDPUpdater's worker processes: real processes killed, a dying parent,
+models that cannot travel, scripts without the main guard, BLAS threads."""
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy
+import pytest
+
+import cgdp_chainer
+import chainer
+import chainer.links as L
+
+import staged_models
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
+
+
+def _updater(model=None, n=2, **kwargs):
+    model = model or L.Classifier(staged_models.StagedMLP())
+    optimizer = chainer.optimizers.MomentumSGD(lr=0.1, momentum=0.9)
+    optimizer.setup(model)
+    iterator = chainer.iterators.SerialIterator(
+        staged_models.dataset(), 6, shuffle=False)
+    return cgdp_chainer.CGDPUpdater(iterator, optimizer, ['@numpy'] * n,
+                                    chunk_size=2, **kwargs)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purpose.
+    try:
+        with open('/proc/{}/stat'.format(pid)) as f:
+            return f.read().split()[2] != 'Z'
+    except OSError:
+        return False
+
+
+def test_a_killed_worker_makes_update_raise_naming_it():
+    before = threading.active_count()
+    updater = _updater(n=3)
+    updater.update()
+    workers = multiprocessing.active_children()
+    assert len(workers) == 3
+    victim = sorted(workers, key=lambda p: p.name)[1]
+    assert victim.name == 'cgdp-replica-1'
+    os.kill(victim.pid, signal.SIGKILL)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError) as info:
+        for _ in range(50):
+            updater.update()
+    # Within a few seconds, not after a time-out of minutes.
+    assert time.monotonic() - started < 10
+    message = str(info.value)
+    assert 'replica 1 (@numpy' in message
+    assert 'SIGKILL' in message
+    updater.finalize()
+    assert multiprocessing.active_children() == []
+    assert threading.active_count() == before
+    for worker in workers:
+        assert not _alive(worker.pid)
+
+
+def test_workers_stay_alive_across_iterations_and_finalize_leaves_none():
+    updater = _updater()
+    updater.update()
+    first = sorted(p.pid for p in multiprocessing.active_children())
+    updater.update()
+    updater.update()
+    assert sorted(p.pid for p in multiprocessing.active_children()) == first
+    assert updater.startup_seconds is not None and updater.startup_seconds > 0
+    updater.finalize()
+    assert multiprocessing.active_children() == []
+    # The master keeps its trained arrays after the shared memory is gone.
+    model = updater.get_optimizer('main').target
+    assert all(numpy.isfinite(p.array).all() for p in model.params())
+
+
+def test_blas_threads_are_set_in_each_worker():
+    observed = {}
+    for blas_threads in (None, 1):
+        model = L.Classifier(staged_models.ProbedMLP())
+        updater = _updater(model, blas_threads=blas_threads)
+        observation = {}
+        with chainer.Reporter().scope(observation):
+            updater.update()
+        updater.finalize()
+        observed[blas_threads] = observation['main/predictor/probe/'
+                                             'blas_threads']
+    # Default: the cores shared by the CPU replicas.
+    cores = len(os.sched_getaffinity(0))
+    assert observed[None] == max(1, cores // 2)
+    assert observed[1] == 1
+
+
+def test_a_model_that_cannot_be_pickled_is_refused_at_construction():
+    class Local(staged_models.StagedMLP):
+        pass
+    with pytest.raises(ValueError, match="cannot be pickled for "
+                                         "workers='process'.*workers='thread'"):
+        _updater(L.Classifier(Local()))
+    # The same model trains with thread workers.
+    updater = _updater(L.Classifier(Local()), workers='thread')
+    updater.update()
+    updater.finalize()
+
+
+def test_a_loss_func_that_cannot_be_pickled_is_refused():
+    with pytest.raises(ValueError, match='loss_func cannot be pickled'):
+        _updater(L.Classifier(staged_models.StagedMLP()),
+                 loss_func=lambda y, t: chainer.functions.sum(y))
+
+
+def _run_script(tmp_path, body, timeout=120):
+    script = tmp_path / 'script.py'
+    script.write_text(textwrap.dedent(body).format(tests=TESTS, root=ROOT))
+    return subprocess.run([sys.executable, str(script)], capture_output=True,
+                          text=True, timeout=timeout, cwd=str(tmp_path))
+
+
+def test_a_script_without_the_main_guard_gets_an_error_naming_the_fix(
+        tmp_path):
+    result = _run_script(tmp_path, '''
+        import sys
+        sys.path[:0] = [{root!r}, {tests!r}]
+        import cgdp_chainer, chainer
+        import chainer.links as L
+        import staged_models
+        model = L.Classifier(staged_models.StagedMLP())
+        optimizer = chainer.optimizers.SGD()
+        optimizer.setup(model)
+        iterator = chainer.iterators.SerialIterator(staged_models.dataset(), 4)
+        updater = cgdp_chainer.CGDPUpdater(iterator, optimizer,
+                                           ['@numpy', '@numpy'])
+        try:
+            updater.update()
+        finally:
+            updater.finalize()
+        print('trained')
+    ''')
+    assert result.returncode != 0
+    assert "if __name__ == '__main__':" in result.stderr
+    assert 'trained' not in result.stdout
+
+
+def test_a_model_defined_in_the_script_works_with_the_main_guard(tmp_path):
+    result = _run_script(tmp_path, '''
+        import sys
+        sys.path[:0] = [{root!r}, {tests!r}]
+        import cgdp_chainer, chainer
+        import chainer.links as L
+        import staged_models
+
+
+        class ScriptMLP(staged_models.StagedMLP):
+            pass
+
+
+        if __name__ == '__main__':
+            model = L.Classifier(ScriptMLP())
+            optimizer = chainer.optimizers.SGD()
+            optimizer.setup(model)
+            iterator = chainer.iterators.SerialIterator(
+                staged_models.dataset(), 4)
+            updater = cgdp_chainer.CGDPUpdater(iterator, optimizer,
+                                               ['@numpy', '@numpy'])
+            for _ in range(2):
+                updater.update()
+            updater.finalize()
+            print('trained', updater.iteration)
+    ''')
+    assert result.returncode == 0, result.stderr
+    assert 'trained 2' in result.stdout
+
+
+def test_workers_exit_when_the_users_process_dies(tmp_path):
+    pids = tmp_path / 'pids'
+    script = tmp_path / 'victim.py'
+    script.write_text(textwrap.dedent('''
+        import multiprocessing, os, sys, time
+        sys.path[:0] = [{root!r}, {tests!r}]
+        import cgdp_chainer, chainer
+        import chainer.links as L
+        import staged_models
+        if __name__ == '__main__':
+            model = L.Classifier(staged_models.StagedMLP())
+            optimizer = chainer.optimizers.SGD()
+            optimizer.setup(model)
+            iterator = chainer.iterators.SerialIterator(
+                staged_models.dataset(), 4)
+            updater = cgdp_chainer.CGDPUpdater(iterator, optimizer,
+                                               ['@numpy', '@numpy'])
+            updater.update()
+            with open({pids!r}, 'w') as f:
+                f.write(' '.join(str(p.pid) for p in
+                                 multiprocessing.active_children()))
+            time.sleep(60)
+    ''').format(root=ROOT, tests=TESTS, pids=str(pids)))
+    process = subprocess.Popen([sys.executable, str(script)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 90
+        while not pids.exists() or not pids.read_text().strip():
+            assert process.poll() is None, process.stderr.read()
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        workers = [int(p) for p in pids.read_text().split()]
+        assert len(workers) == 2
+        process.kill()
+        process.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in workers) and \
+                time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(pid) for pid in workers)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+
+
+def test_ctrl_c_to_the_whole_process_group_ends_the_run(tmp_path):
+    # A terminal's Ctrl-C reaches the workers too: they must leave it to
+    # the user's process, which stops them; nothing is left behind.
+    pids = tmp_path / 'pids'
+    script = tmp_path / 'group.py'
+    script.write_text(textwrap.dedent('''
+        import multiprocessing, sys
+        sys.path[:0] = [{root!r}, {tests!r}]
+        import cgdp_chainer, chainer
+        import chainer.links as L
+        import staged_models
+        if __name__ == '__main__':
+            model = L.Classifier(staged_models.SlowLaterMLP(seconds=30))
+            optimizer = chainer.optimizers.SGD()
+            optimizer.setup(model)
+            iterator = chainer.iterators.SerialIterator(
+                staged_models.dataset(), 4)
+            updater = cgdp_chainer.CGDPUpdater(iterator, optimizer,
+                                               ['@numpy', '@numpy'])
+            updater.update()
+            with open({pids!r}, 'w') as f:
+                f.write(' '.join(str(p.pid) for p in
+                                 multiprocessing.active_children()))
+            try:
+                updater.update()
+            except KeyboardInterrupt:
+                print('interrupted at', updater.iteration, flush=True)
+            finally:
+                updater.finalize()
+            print('children left', len(multiprocessing.active_children()))
+    ''').format(root=ROOT, tests=TESTS, pids=str(pids)))
+    process = subprocess.Popen([sys.executable, str(script)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not pids.exists() or not pids.read_text().strip():
+            assert process.poll() is None, process.stderr.read()
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        workers = [int(p) for p in pids.read_text().split()]
+        time.sleep(0.5)
+        os.killpg(process.pid, signal.SIGINT)
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 0, err
+    assert 'interrupted at 1' in out
+    assert 'children left 0' in out
+    assert not any(_alive(pid) for pid in workers)
+
+
+def test_signal_round_trip_and_batch_hand_over_are_measurable():
+    from cgdp_chainer.runtime import shared
+    updater = _updater()
+    updater.update()
+    round_trip = updater.signal_round_trip_seconds(repeats=20)
+    updater.finalize()
+    assert 0 < round_trip < 1.0
+    # A sub-batch written to shared memory reads back equal.
+    buffer, reader = shared.BatchBuffer(), shared.BatchReader()
+    arrays = (numpy.arange(12, dtype=numpy.float32).reshape(3, 4),
+              numpy.array([1, 2, 3], dtype=numpy.int32))
+    try:
+        for scale in (1, 50):  # the second write outgrows the segment
+            batch = tuple(numpy.tile(a, scale) for a in arrays)
+            back = reader.read(buffer.write(batch))
+            assert isinstance(back, tuple) and len(back) == 2
+            for a, b in zip(batch, back):
+                numpy.testing.assert_array_equal(a, b)
+                assert a.dtype == b.dtype
+        as_dict = reader.read(buffer.write({'x': arrays[0]}))
+        numpy.testing.assert_array_equal(as_dict['x'], arrays[0])
+    finally:
+        reader.close()
+        buffer.close()
