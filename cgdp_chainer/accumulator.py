@@ -6,6 +6,8 @@ import warnings
 
 import numpy
 
+from cgdp_chainer.runtime import host_update as host_update_module
+
 
 class FailureBox(object):
     """Holds the first exception raised by any CGDP thread.
@@ -65,6 +67,15 @@ class HostAccumulator(object):
     the chunk's parameters (with the optimizer's per-parameter hooks) and
     publishes the new values to every device.
 
+    Where the optimizer has a fused host rule (SGD, MomentumSGD, NesterovAG,
+    Adam and its variants, with the hooks ``WeightDecay``, ``Lasso`` and
+    ``GradientHardClipping``; see :mod:`cgdp_chainer.runtime.host_update`),
+    the reduction and the update of a parameter are one pass over its slots,
+    the parameter and its state, split across the host's cores; the master
+    ``param.grad`` is then not written. Under MPI the chunk is reduced and
+    all-reduced first and the fused update reads the result. Everything
+    else runs Chainer's own update rule on the reduced ``param.grad``.
+
     If the optimizer has a hook that needs the whole gradient (such as
     :class:`chainer.optimizer_hooks.GradientClipping`), chunks are only
     reduced as they arrive and the update runs once after the last chunk,
@@ -114,6 +125,9 @@ class HostAccumulator(object):
             n_threads = max(1, min(4, os.cpu_count() or 1))
         self._pool = concurrent.futures.ThreadPoolExecutor(
             n_threads, thread_name_prefix='cgdp-host')
+        # The whole-gradient hooks run in optimizer.update(): nothing fuses.
+        self._host_update = None if self.deferred_update else \
+            host_update_module.make_host_update(optimizer)
         self._lock = threading.Condition()
         self._delivered = None
         self._ready_events = None
@@ -177,6 +191,8 @@ class HostAccumulator(object):
         waiting for other ranks gives up within a fraction of a second)."""
         self._stopping.set()
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._host_update is not None:
+            self._host_update.close()
 
     def _guarded(self, task, *args):
         try:
@@ -202,10 +218,10 @@ class HostAccumulator(object):
             for transfer, ready in zip(self.transfers,
                                        self._ready_events[chunk]):
                 transfer.wait_grads(ready)
-        with self._span('reduce', chunk):
-            self._reduce(names, self._sequence_base +
-                         len(self.chunk_names) - 1 - chunk)
+        sequence = self._sequence_base + len(self.chunk_names) - 1 - chunk
         if self.deferred_update:
+            with self._span('reduce', chunk):
+                self._reduce(names, sequence)
             with self._lock:
                 self._remaining -= 1
                 # Exactly one thread sees the count reach 1: all reduced.
@@ -214,8 +230,20 @@ class HostAccumulator(object):
             if last:
                 self._update_whole_model()
             return
+        if self.allreducer is None:
+            # Fused parameters are reduced inside their update.
+            fused, unfused, inputs = self._partition(names, from_slots=True)
+            with self._span('reduce', chunk):
+                self._reduce(unfused)
+        else:
+            # The cross-rank sum needs every reduced gradient first.
+            with self._span('reduce', chunk):
+                self._reduce(names, sequence)
+            fused, unfused, inputs = self._partition(names, from_slots=False)
         with self._span('update', chunk):
-            self._update(names)
+            self._update(unfused)
+            if fused:
+                self._fused_update(fused, *inputs)
         with self._span('h2d', chunk):
             for transfer in self.transfers:
                 transfer.publish(chunk, names)
@@ -264,6 +292,39 @@ class HostAccumulator(object):
                 scale = (weights[0] if equal else 1.0) / self.allreducer.size
                 for out in reduced:
                     out *= out.dtype.type(scale)
+
+    def _partition(self, names, from_slots):
+        """Splits ``names`` into (fused, unfused, fused update's inputs).
+
+        Args:
+            names (list of str): The chunk's parameters.
+            from_slots (bool): Whether the fused update sums the devices'
+                slots (no all-reducer) or reads the reduced ``param.grad``.
+        """
+        host_update = self._host_update
+        if host_update is None or not names:
+            return [], names, None
+        program = host_update.hooks(*optimizer_hooks(self.optimizer))
+        if program is None:
+            return [], names, None
+        params = {name: self.master_params[name] for name in names}
+        if from_slots:
+            slots = {name: [t.slots[name] for t in self.transfers]
+                     for name in names}
+            weights = self._weights
+            weighted = not all(w == weights[0] for w in weights)
+            if not weighted:
+                weights = weights[:1]
+        else:
+            slots = {name: [param.grad] for name, param in params.items()}
+            weights, weighted = [1.0], False
+        fused, unfused = host_update.partition(params, slots)
+        return fused, unfused, ([slots[name] for name in fused], weights,
+                                weighted, program)
+
+    def _fused_update(self, names, slots, weights, weighted, program):
+        self._host_update.update([self.master_params[n] for n in names],
+                                 slots, weights, weighted, program)
 
     def _update(self, names):
         optimizer = self.optimizer

@@ -680,19 +680,20 @@ class HostUpdate(object):
         """The fused hook program for these optimizer hooks, or None."""
         return hook_program(pre, post)
 
-    def partition(self, params, slots, fusable_hooks=True):
+    def partition(self, params, slots):
         """Splits parameter names into (fused, Chainer's path).
 
         Args:
             params (dict): Name -> master parameter, for the names to update.
             slots (dict): Name -> list of the gradient arrays to sum.
-            fusable_hooks (bool): False when the optimizer's hooks do not
-                fuse (then nothing does).
+
+        Returns:
+            tuple: Two lists of names, in ``params``' order.
         """
         fused, other = [], []
         for name, param in params.items():
             size = param.array.size if param.array is not None else -1
-            if fusable_hooks and self.fused_rule.fuses(param) and all(
+            if self.fused_rule.fuses(param) and all(
                     _fusable_array(s, size) for s in slots[name]):
                 fused.append(name)
             else:
@@ -745,17 +746,34 @@ class _Job(object):
         self.kernel(*self.head, begin, end, *self.tail)
 
 
-def make_host_update(optimizer, n_threads=None, backend='auto'):
+BACKEND_VARIABLE = 'CGDP_HOST_UPDATE'
+
+
+def make_host_update(optimizer, n_threads=None, backend=None):
     """The fused host update for ``optimizer``, or None where its class has
-    no fused rule (the accumulator then runs Chainer's rules).
+    no fused rule or fusing is switched off (the accumulator then runs
+    Chainer's rules).
 
     Args:
         optimizer (chainer.GradientMethod): Set up on the master model.
         n_threads (int or None): Host threads per chunk.
-        backend (str): ``'auto'``, ``'numba'`` or ``'numpy'``.
+        backend (str or None): ``'auto'``, ``'numba'``, ``'numpy'``, or
+            ``'off'`` (Chainer's rules); None reads the environment variable
+            ``CGDP_HOST_UPDATE`` (default ``'auto'``).
+
+    Raises:
+        ValueError: An unknown backend (from the argument or the variable).
     """
+    if backend is None:
+        backend = os.environ.get(BACKEND_VARIABLE, 'auto')
+        if backend not in BACKENDS + ('off',):
+            raise ValueError('{} must be one of {}, not {!r}'.format(
+                BACKEND_VARIABLE, ', '.join(BACKENDS + ('off',)), backend))
+    if backend == 'off':
+        return None
     fused_rule = fused_rule_for(optimizer)
     if fused_rule is None:
+        resolve_backend(backend)  # still report a bad name
         return None
     return HostUpdate(optimizer, fused_rule, n_threads=n_threads,
                       backend=backend)

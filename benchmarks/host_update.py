@@ -1,0 +1,161 @@
+"""The host's fused reduce and update against a NumPy copy and Chainer's rules.
+
+For each optimizer and number of replica slots, over the parameter shapes of
+a network (ResNet-152's 60 M float32 parameters by default, read from the
+model definition, never run), in one run:
+
+- ``fused``: one host reduce and update through
+  :mod:`cgdp_chainer.runtime.host_update` (every backend available here:
+  numba and blocked NumPy), all host threads;
+- ``chainer``: the unfused path: the accumulator's block reduction into
+  ``param.grad``, then Chainer's own update rule, parameter by parameter.
+
+Each prints seconds per iteration (best of ``--repeats`` after one warm-up),
+the necessary bytes (each slot read once, the parameter and each state array
+read and written once) over that time, and that as a fraction of a NumPy
+copy's bandwidth measured in the same run (destination written once before
+timing, so that page faults do not count). Targets: >= 0.85 of the copy for
+both optimizers with 4 slots; fused Adam >= 4x Chainer's.
+
+Usage::
+
+    python -m benchmarks.host_update [--net resnet152] [--slots 1,2,4]
+        [--optimizers momentum_sgd,adam] [--repeats 3] [--threads N]
+        [--backends numba,numpy] [--no-chainer]
+"""
+import models  # NOQA: first, so cgdp_chainer._compat runs before Chainer
+
+import os
+import time
+
+import numpy
+
+from cgdp_chainer.runtime import host_update
+from experiments import cli
+
+COPY_TARGET = 0.85
+ADAM_SPEEDUP_TARGET = 4.0
+
+
+def int_list(text):
+    """argparse type: comma-separated positive integers."""
+    values = []
+    for part in text.split(','):
+        try:
+            value = int(part)
+        except ValueError:
+            value = 0
+        if value < 1:
+            cli.fail('--slots must be comma-separated positive integers, '
+                     'such as 1,2,4; got {!r}'.format(text))
+        values.append(value)
+    return values
+
+
+def name_list(choices, option):
+    def parse(text):
+        names = [n for n in text.split(',') if n]
+        bad = [n for n in names if n not in choices]
+        if bad or not names:
+            cli.fail('{} takes comma-separated names from {}; got {!r}'.format(
+                option, ', '.join(choices), text))
+        return names
+    return parse
+
+
+def copy_bandwidth(n_floats, repeats):
+    """Bytes per second of ``numpy.copyto`` (read + write), best of
+    ``repeats``, the destination faulted in first."""
+    src = numpy.ones(n_floats, dtype=numpy.float32)
+    dst = numpy.zeros_like(src)
+    numpy.copyto(dst, src)
+    best = float('inf')
+    for _ in range(repeats):
+        start = time.perf_counter()
+        numpy.copyto(dst, src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * src.nbytes / best
+
+
+def network_shapes(net):
+    """The parameter shapes of ``net`` (its definition, not run)."""
+    return [p.shape for _, p in sorted(models.get_model(net).namedparams())]
+
+
+def main(argv=None):
+    parser = cli.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--net', default='resnet152', type=cli.net_name)
+    parser.add_argument('--slots', default=[1, 2, 4], type=int_list)
+    parser.add_argument(
+        '--optimizers', default=['momentum_sgd', 'adam'],
+        type=name_list(sorted(host_update.OPTIMIZERS), '--optimizers'))
+    parser.add_argument('--repeats', default=3, type=cli.positive_int)
+    parser.add_argument('--threads', default=None, type=cli.positive_int,
+                        help='host threads (default: the CPU count)')
+    parser.add_argument(
+        '--backends', default=None,
+        type=name_list(host_update.BACKENDS[1:], '--backends'),
+        help='default: numba (where it imports) and numpy')
+    parser.add_argument('--no-chainer', action='store_true',
+                        help="skip Chainer's own path")
+    args = parser.parse_args(argv)
+    backends = args.backends or (['numba', 'numpy'] if
+                                 host_update.numba_available() else ['numpy'])
+    if 'numba' in backends and not host_update.numba_available():
+        cli.fail('--backends numba: numba does not import here; '
+                 'choose numpy')
+
+    shapes = network_shapes(args.net)
+    n = sum(int(numpy.prod(s)) for s in shapes)
+    threads = args.threads or os.cpu_count()
+    copy_bw = copy_bandwidth(n, args.repeats)
+    print('{}: {:.1f} M float32 parameters in {} arrays; {} host threads; '
+          'NumPy copy {:.2f} GB/s; best of {}'.format(
+              args.net, n / 1e6, len(shapes), threads, copy_bw / 1e9,
+              args.repeats))
+    print('{:<13} {:>5} {:<8} {:>9} {:>8} {:>9}'.format(
+        'optimizer', 'slots', 'path', 's/iter', 'GB/s', 'of copy'))
+    verdicts = []
+    for name in args.optimizers:
+        bench = {}
+        try:
+            bench[backends[0]] = host_update.FusedBench(
+                name, max(args.slots), shapes, n_threads=threads,
+                backend=backends[0])
+            # One set of arrays serves every backend: only the update differs.
+            for backend in backends[1:]:
+                bench[backend] = bench[backends[0]].with_backend(backend)
+            for n_slots in args.slots:
+                needed = host_update.necessary_bytes(name, n, n_slots)
+                times = {}
+                for backend in backends:
+                    times[backend] = bench[backend].best_seconds(
+                        args.repeats, n_slots=n_slots)
+                if not args.no_chainer:
+                    b0 = bench[backends[0]]
+                    times['chainer'] = b0.best_seconds(
+                        args.repeats, step=b0.chainer_step, n_slots=n_slots)
+                for path, seconds in times.items():
+                    rate = needed / seconds
+                    print('{:<13} {:>5} {:<8} {:>9.4f} {:>8.2f} {:>9.2f}'
+                          .format(name, n_slots, path, seconds, rate / 1e9,
+                                  rate / copy_bw))
+                best = min(times[b] for b in backends)
+                if n_slots == 4:
+                    verdicts.append('{} 4 slots: {:.2f} of copy (target >= '
+                                    '{})'.format(name, needed / best / copy_bw,
+                                                 COPY_TARGET))
+                if name == 'adam' and 'chainer' in times:
+                    verdicts.append(
+                        'adam {} slots: fused {:.1f}x Chainer (target >= '
+                        '{}x)'.format(n_slots, times['chainer'] / best,
+                                      ADAM_SPEEDUP_TARGET))
+        finally:
+            for b in bench.values():
+                b.close()
+    for line in verdicts:
+        print(line)
+
+
+if __name__ == '__main__':
+    main()
