@@ -512,6 +512,41 @@ def test_chunk_plan_bad_options():
         readiness.parameter_nbytes(L.Linear(None, 3).namedparams())
 
 
+def test_chunk_readiness_reports_each_chunk_after_its_last_parameter():
+    model = Branchy()
+    x = _x((2, 4), seed=3)
+    model.cleargrads()
+    first = readiness.ReadinessBackward(model.namedparams()).backward(
+        model(x), lambda name, used: None)
+    plan = readiness.ChunkPlan.from_ready_order(first.order, first.unused,
+                                                chunk_size=2)
+    events = []
+    tracker = readiness.ChunkReadiness(
+        plan, lambda chunk: events.append(('chunk', chunk)))
+
+    def on_ready(name, used):
+        events.append(('param', name))
+        tracker(name, used)
+
+    for _ in range(2):  # reusable across iterations
+        del events[:]
+        tracker.start()
+        model.cleargrads()
+        readiness.ReadinessBackward(model.namedparams()).backward(
+            model(x), on_ready)
+        assert tracker.complete
+        chunks = [c for kind, c in events if kind == 'chunk']
+        assert sorted(chunks) == list(range(plan.n_chunks))
+        for i, (kind, what) in enumerate(events):
+            if kind == 'chunk':
+                before = {n for k, n in events[:i] if k == 'param'}
+                assert set(plan.chunks[what]) <= before
+                # Reported at once: its last parameter came just before.
+                assert events[i - 1][1] in plan.chunks[what]
+    with pytest.raises(ValueError, match='not in the chunk plan'):
+        tracker('/nothing/W', True)
+
+
 def test_chunk_plans_compare_between_replicas():
     model, report = _branchy_report()
     replica = copy.deepcopy(model)

@@ -573,6 +573,54 @@ class ChunkPlan(object):
                     self.fingerprint, what))
 
 
+class ChunkReadiness(object):
+
+    """Turns parameter readiness into chunk readiness.
+
+    Pass it as ``on_ready`` to :meth:`ReadinessBackward.backward`; it calls
+    ``on_chunk_ready(chunk_index)`` as soon as every parameter of that chunk
+    is ready, once per chunk per backward. Call :meth:`start` before each
+    backward.
+
+    Args:
+        plan (ChunkPlan): The chunks.
+        on_chunk_ready (callable): ``on_chunk_ready(chunk_index)``.
+
+    Raises:
+        ValueError: ``on_chunk_ready`` is not callable.
+    """
+
+    def __init__(self, plan, on_chunk_ready):
+        if not callable(on_chunk_ready):
+            raise ValueError('on_chunk_ready must be callable as '
+                             'on_chunk_ready(chunk_index)')
+        self._plan = plan
+        self._on_chunk_ready = on_chunk_ready
+        self._left = None
+
+    def start(self):
+        """Begins a backward: every chunk waits for all its parameters."""
+        self._left = [len(chunk) for chunk in self._plan.chunks]
+
+    def __call__(self, name, used):
+        if self._left is None:
+            raise RuntimeError('ChunkReadiness.start() must be called before '
+                               'each backward')
+        chunk = self._plan.chunk_of.get(name)
+        if chunk is None:
+            raise ValueError('parameter {} is not in the chunk plan ({}); '
+                             'the plan must come from the same model'.format(
+                                 name, self._plan.fingerprint))
+        self._left[chunk] -= 1
+        if self._left[chunk] == 0:
+            self._on_chunk_ready(chunk)
+
+    @property
+    def complete(self):
+        """bool: Whether every chunk of this backward has been reported."""
+        return self._left is not None and not any(self._left)
+
+
 def _runs(counts):
     # '10x3+1' for [10, 10, 10, 1]: short even for hundreds of chunks.
     parts = []
