@@ -14,6 +14,17 @@ the augmentation of real images and the global random state used by dropout
 all derive from ``--seed`` and the iteration, so ``--resume`` from a snapshot
 ends with exactly the parameters of an uninterrupted run.
 
+Nothing is overwritten without asking: every value and path is checked
+before any work starts, and a ``--out`` folder that already holds files is
+refused unless ``--resume`` continues the run whose snapshots it holds, or
+``--force`` replaces the earlier run's log and snapshots (see
+:func:`check_outputs`). Resuming from a snapshot taken at ``--iterations``
+reports that the run is complete and trains nothing (exit 0); one taken
+later is refused (exit 2). Snapshots are written by Chainer's snapshot
+writer, which saves to a temporary folder in ``--out`` and moves the file
+into place, and the trace through :mod:`cgdp_chainer.files`, so a crash
+leaves the previous file or the complete new one.
+
 :func:`build_model`, :func:`build_optimizer`, :func:`build_iterator` and
 :func:`build_updater` are the construction steps, reused by the other
 experiment scripts.
@@ -39,8 +50,10 @@ batch); an exception or Ctrl-C on any rank aborts the whole job
 (:func:`cgdp_chainer.mpi.install_abort_hooks`), so no rank waits forever.
 """
 import os
+import re
 import sys
 import time
+import zipfile
 
 from experiments import cli  # NOQA: first, it silences import-time warnings
 
@@ -60,6 +73,11 @@ REDUCTIONS = ('mean', 'sum')
 DEFAULT_CHUNK_SIZE = 1
 DEFAULT_REDUCTION = 'mean'
 REPORT_ENTRIES = ['iteration', 'main/loss', 'main/accuracy', 'elapsed_time']
+# The files a run writes into --out: the log and the snapshots.
+LOG_FILE = 'log'
+SNAPSHOT_PATTERN = re.compile(r'^snapshot_iter_(\d+)$')
+# Where a snapshot of this script (any updater) keeps the iteration.
+_SNAPSHOT_ITERATION_KEY = 'updater/iteration'
 
 # Tag of the stream that reseeds the global random state (see
 # ReseedGlobalRandom); distinct from the streams of cgdp_chainer.datasets.
@@ -300,7 +318,10 @@ class ReseedGlobalRandom(training.Extension):
 
 def _save_npz_uncompressed(filename, obj):
     # Weights and momenta are noise to zlib: compressing a ResNet-152
-    # snapshot takes tens of seconds and saves almost nothing.
+    # snapshot takes tens of seconds and saves almost nothing. Chainer's
+    # snapshot writer passes a name in a temporary folder inside --out and
+    # moves the finished file into place, so a crash while saving leaves
+    # the previous snapshot of that name (or none), never a cut one.
     chainer.serializers.save_npz(filename, obj, compression=False)
 
 
@@ -393,7 +414,12 @@ def build_parser():
                         help='folder of the log and snapshots '
                              '(default: result)')
     parser.add_argument('--resume', metavar='SNAPSHOT',
-                        help='snapshot file to resume from')
+                        help='snapshot file to resume from; --out may be '
+                             'the snapshot\'s own folder')
+    parser.add_argument('--force', action='store_true',
+                        help='replace the log and snapshots of an earlier '
+                             'run in --out (and an existing --trace file) '
+                             'instead of refusing')
     parser.add_argument('--snapshot-every', type=cli.positive_int,
                         metavar='K', help='also snapshot every K iterations '
                                           '(default: only at the end)')
@@ -434,7 +460,9 @@ def parse_args(argv=None):
         argv (list of str or None): Arguments; ``sys.argv[1:]`` if ``None``.
 
     Returns:
-        argparse.Namespace: The arguments, ``devices`` a list of specifiers.
+        argparse.Namespace: The arguments, ``devices`` a list of specifiers,
+        and ``resume_iteration``, the iteration of the ``--resume``
+        snapshot (``None`` without one).
     """
     args = build_parser().parse_args(argv)
     if args.devices is None:
@@ -466,11 +494,144 @@ def parse_args(argv=None):
     if not 0 <= args.momentum < 1:
         cli.fail('--momentum must be in [0, 1), got {}'.format(
             args.momentum))
-    if args.resume is not None and not os.path.isfile(args.resume):
-        cli.fail('snapshot {!r} does not exist'.format(args.resume))
     if args.train_list is None and args.root != '.':
         cli.fail('--root applies only with --train-list')
+    args.resume_iteration = None
+    if args.resume is not None:
+        args.resume_iteration = snapshot_iteration(args.resume)
+        if args.resume_iteration > args.iterations:
+            cli.fail('snapshot {} is at iteration {}, past --iterations {}; '
+                     'pass --iterations {} or more to continue that '
+                     'run'.format(args.resume, args.resume_iteration,
+                                  args.iterations,
+                                  args.resume_iteration + 1))
     return args
+
+
+def snapshot_iteration(path):
+    """The iteration a snapshot of this script was taken at; exits with 2
+    if ``path`` is not such a snapshot.
+
+    Reads only that entry of the file, not the weights.
+
+    Args:
+        path (str): The ``--resume`` file.
+
+    Returns:
+        int: The updater's iteration stored in the snapshot.
+    """
+    if not os.path.isfile(path):
+        cli.fail('--resume: snapshot {!r} does not exist'.format(path))
+    try:
+        with numpy.load(path) as arrays:
+            if _SNAPSHOT_ITERATION_KEY not in arrays.files:
+                cli.fail('--resume: {} is not a snapshot of '
+                         'experiments.train (it has no {})'.format(
+                             path, _SNAPSHOT_ITERATION_KEY))
+            return int(arrays[_SNAPSHOT_ITERATION_KEY])
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
+        # Not an npz file, or one cut short: bad input, not a bug.
+        cli.fail('--resume: cannot read snapshot {}: {}: {}'.format(
+            path, type(error).__name__, error))
+
+
+def _snapshots(folder):
+    """``{iteration: file name}`` of the snapshots in ``folder``."""
+    found = {}
+    for name in os.listdir(folder):
+        match = SNAPSHOT_PATTERN.match(name)
+        if match:
+            found[int(match.group(1))] = name
+    return found
+
+
+def _same_folder(first, second):
+    try:
+        return os.path.samefile(first, second)
+    except OSError:
+        return False
+
+
+def _names(names, limit=4):
+    names = sorted(names)
+    shown = ', '.join(names[:limit])
+    if len(names) > limit:
+        shown += ' and {} more'.format(len(names) - limit)
+    return shown
+
+
+def check_outputs(args):
+    """Checks ``--out`` and ``--trace`` before any work; exits with 2.
+
+    Both are probed for writing (nothing is created). ``--out`` must be
+    new or empty, with two exceptions: with ``--resume`` it may be the
+    snapshot's own folder, as long as it holds no snapshot taken after the
+    one resumed from (those belong to the run being replayed); and
+    ``--force`` accepts any folder, replacing the earlier run's log and
+    snapshots. An existing ``--trace`` file is replaced only with
+    ``--force``.
+
+    Args:
+        args (argparse.Namespace): The checked arguments.
+
+    Returns:
+        list of str: The files of an earlier run to remove before training
+        (only with ``--force``), paths under ``--out``.
+    """
+    cli.check_output_folder('--out', args.out)
+    if args.trace is not None:
+        cli.check_output_file('--trace', args.trace)
+        if os.path.exists(args.trace) and not args.force:
+            cli.fail('--trace {} already exists; choose another file, or '
+                     'pass --force to replace it'.format(args.trace))
+    if not os.path.isdir(args.out) or not os.listdir(args.out):
+        return []
+    snapshots = _snapshots(args.out)
+    own_folder = args.resume is not None and _same_folder(
+        os.path.dirname(os.path.abspath(args.resume)), args.out)
+    if own_folder:
+        later = [name for iteration, name in snapshots.items()
+                 if iteration > args.resume_iteration]
+        if later and not args.force:
+            cli.fail('--out {} holds snapshots taken after iteration {} of '
+                     'the run being resumed ({}); resuming into it would mix '
+                     'two runs: choose a new --out, or pass --force to '
+                     'remove them'.format(args.out, args.resume_iteration,
+                                          _names(later)))
+        return [os.path.join(args.out, name) for name in later]
+    if not args.force:
+        held = _names(os.listdir(args.out))
+        cli.fail('--out {} already holds files ({}) of an earlier run; '
+                 'choose a new --out, resume with --resume {}, or pass '
+                 '--force to replace its log and snapshots'.format(
+                     args.out, held, os.path.join(
+                         args.out, snapshots[max(snapshots)]) if snapshots
+                     else 'SNAPSHOT'))
+    earlier = list(snapshots.values())
+    if os.path.isfile(os.path.join(args.out, LOG_FILE)):
+        earlier.append(LOG_FILE)
+    return [os.path.join(args.out, name) for name in earlier]
+
+
+def prepare_outputs(args, replaced):
+    """Removes the files ``--force`` replaces and creates the folders.
+
+    Called once every check has passed, just before training.
+
+    Args:
+        args (argparse.Namespace): The checked arguments.
+        replaced (list of str): Files from :func:`check_outputs`.
+    """
+    for path in replaced:
+        os.remove(path)
+    if replaced:
+        print('--force: removed {} of an earlier run from {}'.format(
+            _names([os.path.basename(p) for p in replaced]), args.out),
+            flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    if args.trace is not None:
+        os.makedirs(os.path.dirname(os.path.abspath(args.trace)),
+                    exist_ok=True)
 
 
 def _shard(dataset, comm, seed):
@@ -490,6 +651,13 @@ def _shard(dataset, comm, seed):
 def run(args, comm=None):
     """Trains as ``args`` say (see :func:`parse_args`).
 
+    Every remaining check comes before any file is written: the outputs
+    (:func:`check_outputs`, on rank 0), the chunk size against the built
+    network's stages, and the training list with its images' headers. A
+    training image that fails to decode during the run ends it with one
+    ``error:`` line naming the list line (exit 2); the snapshots written
+    until then are kept.
+
     Args:
         args (argparse.Namespace): Checked arguments.
         comm (mpi4py.MPI.Comm or None): The ranks to train with (see the
@@ -499,12 +667,19 @@ def run(args, comm=None):
         chainer.training.Trainer: The trainer after the run.
     """
     rank = 0 if comm is None else comm.Get_rank()
+    replaced = check_outputs(args) if rank == 0 else []
+    model = build_model(args.net, n_classes=args.classes, seed=args.seed)
+    if args.updater == 'cgdp':
+        cli.check_chunk_size(args.chunk_size, args.net,
+                             len(model.predictor.stages))
     try:
         dataset = build_dataset(args.image_size, n_classes=args.classes,
                                 seed=args.seed, length=args.train_length,
                                 train_list=args.train_list, root=args.root)
     except datasets.ImageListError as error:
         cli.fail(str(error))
+    if rank == 0:
+        prepare_outputs(args, replaced)
     if comm is not None:
         dataset = _shard(dataset, comm, args.seed)
         if rank == 0:
@@ -514,7 +689,6 @@ def run(args, comm=None):
                   'snapshots'.format(size, len(args.devices), args.batchsize,
                                      args.batchsize * size, len(dataset)),
                   flush=True)
-    model = build_model(args.net, n_classes=args.classes, seed=args.seed)
     optimizer = build_optimizer(model, lr=args.lr, momentum=args.momentum)
     iterator = build_iterator(dataset, args.batchsize, seed=args.seed)
     timeline = None
@@ -535,13 +709,23 @@ def run(args, comm=None):
             try:
                 chainer.serializers.load_npz(args.resume, trainer)
             except Exception as error:
-                # A truncated file, another network's snapshot or no
-                # snapshot at all: bad input, not a bug.
+                # Another network's snapshot, or a file damaged beyond its
+                # iteration entry: bad input, not a bug.
                 cli.fail('cannot resume from {!r}: {}: {}'.format(
                     args.resume, type(error).__name__, error))
         start_time = time.perf_counter()
         started = True
-        trainer.run()  # finalizes the updater (its threads) on exit
+        try:
+            # Chainer's own report of a loop exception is a second
+            # traceback; an unexpected error still gets Python's.
+            trainer.run(show_loop_exception_msg=False)
+        except datasets.ImageListError as error:
+            # The trainer has finalized the updater and kept its snapshots.
+            kept = _snapshots(args.out) if rank == 0 else {}
+            cli.fail('{}; training stopped after iteration {} ({})'.format(
+                error, updater.iteration,
+                'kept {} in {}'.format(_names(kept.values()), args.out)
+                if kept else 'no snapshot was taken'))
     finally:
         if not started:
             updater.finalize()
@@ -549,8 +733,6 @@ def run(args, comm=None):
     if rank != 0:
         return trainer
     if timeline is not None:
-        trace_dir = os.path.dirname(os.path.abspath(args.trace))
-        os.makedirs(trace_dir, exist_ok=True)
         timeline.export_chrome_trace(args.trace)
         print('wrote the Chrome trace to {}'.format(args.trace))
     print('trained {} to iteration {} in {:.1f} s; log and snapshots in '
@@ -635,6 +817,12 @@ def main(argv=None):
         int: Exit status 0 (bad input exits with 2 through SystemExit).
     """
     args = parse_args(argv)
+    if args.resume_iteration == args.iterations:
+        print('snapshot {} is at iteration {}, which is --iterations: that '
+              'run is complete, nothing to train (pass a larger '
+              '--iterations to continue it)'.format(args.resume,
+                                                    args.iterations))
+        return 0
     comm = cgdp_mpi.world()  # None (and MPI untouched) without mpiexec
     if comm is None:
         run(args)
