@@ -14,11 +14,17 @@ On top of the ready order:
 
 - :class:`ChunkPlan` groups consecutive layers (links that own parameters)
   in backward order into chunks, by count, by bytes or by explicit
-  boundaries, from the first iteration's ready order.
+  boundaries, from the first iteration's ready order;
+  :class:`ChunkReadiness` reports each chunk when its last parameter is
+  ready.
 - :class:`ChunkWaitHook` makes the next forward of a layer wait only for its
-  own chunk's new weights.
+  own chunk's new weights; :class:`ParameterUses` finds, in the first
+  forward, parameters used outside their own link, for the hook to cover.
 - :func:`refuse_loss_scaling` and the traversal's own checks refuse what a
-  per-parameter hand-over cannot support (``F.forget``, loss scaling).
+  per-parameter hand-over cannot support (``F.forget``, a gradient set
+  behind the traversal, loss scaling). A loss whose graph holds the graph of
+  an earlier backward (``chainer.grad(..., enable_double_backprop=True)``,
+  a gradient penalty) is an ordinary graph to the traversal and works.
 - :func:`initialize_from_first_batch` initializes lazy parameters exactly as
   ``StandardUpdater`` would.
 """
@@ -690,6 +696,8 @@ class ParameterUses(object):
 
     Parameters are recognized by their arrays, which must stay in place
     during that forward (nothing publishes weights in the first iteration).
+    A lazy parameter (array ``None`` on entry) is not watched: its first use
+    is its own link's call, which initializes it.
 
     Args:
         model (chainer.Link): The model whose forward is watched; parameter
