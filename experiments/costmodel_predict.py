@@ -1,16 +1,22 @@
-"""Predicted iteration times of typical data parallel and CGDP, in bulk.
+"""Predicted iteration times of both baselines and CGDP, in bulk.
 
 ``make model`` (``python -m experiments.costmodel_predict``) writes
 ``results/costmodel/predictions.csv`` with the columns of
-:data:`COLUMNS`, one row per network, hardware preset, device count and batch
-per device, and draws
+:data:`COLUMNS`, one row per network, hardware preset, CGDP worker kind
+(``process``, ``thread``), optimizer (``momentum_sgd``, ``adam``), device
+count and batch per device: ``t_typical`` (Chainer's ``ParallelUpdater``),
+``t_nccl`` (``MultiprocessParallelUpdater``; empty on ``this-cpu``),
+``t_cgdp``, ``speedup`` (over typical), ``speedup_vs_nccl`` and each
+scheme's weak-scaling efficiency. It draws (process workers, MomentumSGD)
 
-- ``efficiency.png``: predicted weak-scaling efficiency of both schemes
-  against the device count, a panel per network and preset (batch 32);
-- ``speedup.png``: CGDP's predicted speedup over typical data parallel
-  against the device count, a panel per network, a line per preset and
-  batch;
-- ``NOTES.txt``: how the numbers were made and what the model leaves out.
+- ``efficiency.png``: predicted weak-scaling efficiency of the three
+  schemes against the device count, a panel per network and preset
+  (batch 32);
+- ``speedup.png``: CGDP's predicted speedup over typical (top) and over
+  NCCL (bottom) against the device count, a panel per network, a line per
+  preset and batch;
+- ``NOTES.txt``: how the numbers were made (docs/COSTMODEL.md says what
+  the model leaves out).
 
 It also writes ``results/costmodel/predictions_multinode.csv``
 (:data:`MULTINODE_COLUMNS`): the ChainerMN baseline against multi-node
@@ -42,8 +48,9 @@ from cgdp_chainer import costmodel  # NOQA: E402
 from cgdp_chainer.costmodel import hardware  # NOQA: E402
 from experiments import results  # NOQA: E402
 
-COLUMNS = ('net', 'preset', 'n_devices', 'batch_per_device', 't_typical',
-           't_cgdp', 'speedup', 'eff_typical', 'eff_cgdp',
+COLUMNS = ('net', 'preset', 'workers', 'optimizer', 'n_devices',
+           'batch_per_device', 't_typical', 't_nccl', 't_cgdp', 'speedup',
+           'speedup_vs_nccl', 'eff_typical', 'eff_nccl', 'eff_cgdp',
            'best_chunk_size')
 MULTINODE_COLUMNS = ('net', 'preset', 'network', 'n_nodes', 'devices_per_node',
                      'batch_per_device', 't_chainermn', 't_cgdp', 'speedup',
@@ -53,6 +60,11 @@ NODE_COUNTS = (1, 2, 4, 8)
 DEVICES_PER_NODE = 4
 MULTINODE_BATCH = 32
 BATCHES = (16, 32, 64)
+WORKERS = costmodel.WORKERS
+OPTIMIZERS = costmodel.OPTIMIZERS
+# The figures' configuration: the runtime's default worker kind.
+FIGURE_WORKERS = 'process'
+FIGURE_OPTIMIZER = 'momentum_sgd'
 IMAGE_SIZE = 224
 FIGURE_BATCH = 32
 OUT_DIR = os.path.join('results', 'costmodel')
@@ -68,8 +80,16 @@ def newest_cpu_profile(net, profile_dir=PROFILE_DIR):
     return costmodel.load_profile(max(paths, key=os.path.getmtime))
 
 
+def measured_optimizers(profile):
+    """The optimizers whose host update a measured profile has (older
+    profiles measured MomentumSGD only)."""
+    rules = (profile.get('host') or {}).get('update_rules') or {}
+    return tuple(o for o in OPTIMIZERS
+                 if o in rules or o == 'momentum_sgd')
+
+
 def predict_rows(net, profile, preset, counts=DEVICE_COUNTS,
-                 batches=BATCHES):
+                 batches=BATCHES, workers=WORKERS, optimizers=OPTIMIZERS):
     """Prediction rows for one network on one preset.
 
     Args:
@@ -78,27 +98,32 @@ def predict_rows(net, profile, preset, counts=DEVICE_COUNTS,
         preset (str): Hardware preset name.
         counts (tuple of int): Device counts.
         batches (tuple of int): Batches per device.
+        workers (tuple of str): CGDP worker kinds.
+        optimizers (tuple of str): Optimizers.
 
     Returns:
         list of dict: Rows with :data:`COLUMNS`.
     """
     hw = hardware.get_hardware(preset, profile)
     rows = []
-    for batch in batches:
-        single = None
-        for n in counts:
-            result = costmodel.predict(profile, hw, n, batch, single=single)
-            if n == 1:
-                single = result
-            rows.append({
-                'net': net, 'preset': preset, 'n_devices': n,
-                'batch_per_device': batch,
-                't_typical': _round(result['t_typical']),
-                't_cgdp': _round(result['t_cgdp']),
-                'speedup': _round(result['speedup']),
-                'eff_typical': _round(result['eff_typical']),
-                'eff_cgdp': _round(result['eff_cgdp']),
-                'best_chunk_size': result['best_chunk_size']})
+    for optimizer in optimizers:
+        for kind in workers:
+            for batch in batches:
+                single = None
+                for n in counts:
+                    result = costmodel.predict(
+                        profile, hw, n, batch, single=single, workers=kind,
+                        optimizer=optimizer)
+                    if n == 1:
+                        single = result
+                    row = {'net': net, 'preset': preset, 'workers': kind,
+                           'optimizer': optimizer, 'n_devices': n,
+                           'batch_per_device': batch,
+                           'best_chunk_size': result['best_chunk_size']}
+                    for key in COLUMNS:
+                        if key not in row:
+                            row[key] = _round(result[key])
+                    rows.append(row)
     return rows
 
 
@@ -144,7 +169,10 @@ def predict_multinode_rows(net, profile, preset, network,
 
 
 def _round(value):
-    """Six significant digits: the model is not more precise than that."""
+    """Six significant digits: the model is not more precise than that
+    (``None``, a scheme the preset cannot run, stays ``None``)."""
+    if value is None:
+        return None
     return float('{:.6g}'.format(value))
 
 
@@ -152,9 +180,14 @@ def _select(rows, **match):
     return [r for r in rows if all(r[k] == v for k, v in match.items())]
 
 
+def _figure_rows(rows):
+    return _select(rows, workers=FIGURE_WORKERS, optimizer=FIGURE_OPTIMIZER)
+
+
 def plot_efficiency(rows, nets, presets, path, batch=FIGURE_BATCH):
-    """Efficiency of both schemes against N, a panel per network and
+    """Efficiency of the three schemes against N, a panel per network and
     preset."""
+    rows = _figure_rows(rows)
     fig, axes = plt.subplots(len(nets), len(presets), squeeze=False,
                              figsize=(3.0 * len(presets), 2.4 * len(nets)),
                              sharex=True, sharey=True)
@@ -170,6 +203,9 @@ def plot_efficiency(rows, nets, presets, path, batch=FIGURE_BATCH):
             counts = [r['n_devices'] for r in chosen]
             ax.plot(counts, [r['eff_typical'] for r in chosen], 'o-',
                     color='tab:blue', label='typical')
+            if all(r['eff_nccl'] is not None for r in chosen):
+                ax.plot(counts, [r['eff_nccl'] for r in chosen], '^-',
+                        color='tab:green', label='NCCL')
             ax.plot(counts, [r['eff_cgdp'] for r in chosen], 's-',
                     color='tab:red', label='CGDP')
             ax.set_xscale('log', base=2)
@@ -186,43 +222,50 @@ def plot_efficiency(rows, nets, presets, path, batch=FIGURE_BATCH):
             if i == len(nets) - 1:
                 ax.set_xlabel('devices', fontsize=8)
     axes[0][0].legend(fontsize=7)
-    fig.suptitle('Predicted weak-scaling efficiency, batch {} per device'
-                 .format(batch), fontsize=10)
+    fig.suptitle('Predicted weak-scaling efficiency, batch {} per device '
+                 '({} workers)'.format(batch, FIGURE_WORKERS), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def plot_speedup(rows, nets, presets, path):
-    """CGDP's speedup over typical against N, a panel per network."""
-    fig, axes = plt.subplots(1, len(nets), squeeze=False,
-                             figsize=(3.4 * len(nets), 3.2), sharey=True)
+    """CGDP's speedup over typical (top row) and over NCCL (bottom row)
+    against N, a panel per network."""
+    rows = _figure_rows(rows)
+    fig, axes = plt.subplots(2, len(nets), squeeze=False,
+                             figsize=(3.4 * len(nets), 6.0), sharey='row')
     colors = dict(zip(presets, plt.rcParams['axes.prop_cycle']
                       .by_key()['color']))
     styles = {16: ':', 32: '-', 64: '--'}
-    for j, net in enumerate(nets):
-        ax = axes[0][j]
-        for preset in presets:
-            for batch in BATCHES:
-                chosen = sorted(_select(rows, net=net, preset=preset,
-                                        batch_per_device=batch),
-                                key=lambda r: r['n_devices'])
-                if not chosen:
-                    continue
-                ax.plot([r['n_devices'] for r in chosen],
-                        [r['speedup'] for r in chosen],
-                        linestyle=styles.get(batch, '-'), marker='.',
-                        color=colors[preset],
-                        label='{} b{}'.format(preset, batch))
-        ax.axhline(1.0, color='grey', linewidth=0.8)
-        ax.set_xscale('log', base=2)
-        ax.set_xticks(DEVICE_COUNTS)
-        ax.set_xticklabels([str(c) for c in DEVICE_COUNTS])
-        ax.set_title(net, fontsize=9)
-        ax.set_xlabel('devices', fontsize=8)
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel('speedup of CGDP over typical')
+    baselines = (('speedup', 'typical'), ('speedup_vs_nccl', 'NCCL'))
+    for i, (key, label) in enumerate(baselines):
+        for j, net in enumerate(nets):
+            ax = axes[i][j]
+            for preset in presets:
+                for batch in BATCHES:
+                    chosen = sorted(_select(rows, net=net, preset=preset,
+                                            batch_per_device=batch),
+                                    key=lambda r: r['n_devices'])
+                    if not chosen or any(r[key] is None for r in chosen):
+                        continue
+                    ax.plot([r['n_devices'] for r in chosen],
+                            [r[key] for r in chosen],
+                            linestyle=styles.get(batch, '-'), marker='.',
+                            color=colors[preset],
+                            label='{} b{}'.format(preset, batch))
+            ax.axhline(1.0, color='grey', linewidth=0.8)
+            ax.set_xscale('log', base=2)
+            ax.set_xticks(DEVICE_COUNTS)
+            ax.set_xticklabels([str(c) for c in DEVICE_COUNTS])
+            if i == 0:
+                ax.set_title(net, fontsize=9)
+            ax.set_xlabel('devices', fontsize=8)
+            ax.grid(alpha=0.3)
+        axes[i][0].set_ylabel('speedup of CGDP over {}'.format(label))
     axes[0][-1].legend(fontsize=6, ncol=2)
+    fig.suptitle('Predicted speedup of CGDP ({} workers)'.format(
+        FIGURE_WORKERS), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -282,11 +325,19 @@ def write_notes(path, presets, cpu_nets):
     lines = [
         'Predictions of cgdp_chainer.costmodel (discrete-event simulation; '
         'CGDP at the best chunk size among powers of two and one chunk).',
-        'Compute on GPU presets: FLOPs at {} px x batch / (peak x '
-        'efficiency); see cgdp_chainer/hardware.py for every constant and '
-        'its source.'.format(IMAGE_SIZE),
+        'Schemes: typical = Chainer\'s ParallelUpdater (one thread drives '
+        'every GPU); nccl = MultiprocessParallelUpdater (a process per GPU, '
+        'NCCL reduce onto GPU 0, update there, NCCL broadcast); cgdp with '
+        'workers process or thread; optimizers momentum_sgd and adam.',
+        'Compute on GPU presets: per stage (FLOPs at {} px x batch + layers '
+        'x conv_half_flops) / (peak x efficiency), at least the stage\'s '
+        'host-side launch time (function calls x per-call cost); see '
+        'cgdp_chainer/costmodel/hardware.py for every constant and its '
+        'source.'.format(IMAGE_SIZE),
         'Efficiency: t(1) / t(N) within each scheme, as in '
-        'experiments.results; speedup: t_typical / t_cgdp.',
+        'experiments.results; speedup: t_typical / t_cgdp; '
+        'speedup_vs_nccl: t_nccl / t_cgdp. Figures: {} workers, {}.'.format(
+            FIGURE_WORKERS, FIGURE_OPTIMIZER),
         'Presets: {}. Device counts above a preset\'s physical devices '
         '(4) are extrapolated with more sockets of the same shape.'.format(
             ', '.join(presets)),
@@ -306,22 +357,40 @@ def write_notes(path, presets, cpu_nets):
         'node equals the single-node rows (typical = ChainerMN).'.format(
             ', '.join(str(n) for n in NODE_COUNTS), DEVICES_PER_NODE,
             MULTINODE_BATCH, ', '.join(hardware.NETWORK_PRESETS)),
-        'What the model leaves out:',
-    ] + ['- ' + item for item in costmodel.LEFT_OUT]
+        'What the model leaves out: docs/COSTMODEL.md.',
+    ]
     with open(path, 'w') as f:
         f.write('\n'.join(lines) + '\n')
+
+
+def net_list(text):
+    """argparse type: comma-separated network names, each known, none
+    twice."""
+    import argparse
+    names = [n.strip() for n in text.split(',')]
+    if not all(names):
+        raise argparse.ArgumentTypeError(
+            'an empty name in {!r}; give comma-separated networks'.format(
+                text))
+    for name in names:
+        cli.net_name(name)
+    if len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(
+            'a network is named twice in {!r}'.format(text))
+    return names
 
 
 def main(argv=None):
     parser = cli.ArgumentParser(description='Predict typical and CGDP '
                                 'iteration times for every preset.')
-    parser.add_argument('--out', default=OUT_DIR)
-    parser.add_argument('--nets', default=None,
+    parser.add_argument('--out', default=OUT_DIR,
+                        help='output folder (default {})'.format(OUT_DIR))
+    parser.add_argument('--nets', default=None, type=net_list,
                         help='comma-separated networks (default: all four)')
     args = parser.parse_args(argv)
     import models
-    nets = list(models.NETWORKS) if not args.nets else [
-        cli.net_name(n) for n in args.nets.split(',')]
+    nets = args.nets or list(models.NETWORKS)
+    cli.check_output_folder('--out', args.out)
     start = time.perf_counter()
     os.makedirs(args.out, exist_ok=True)
     cache = os.path.join(args.out, 'flops_cache.json')
@@ -340,8 +409,9 @@ def main(argv=None):
         cpu_profile = newest_cpu_profile(net)
         if cpu_profile is not None:
             try:
-                rows.extend(predict_rows(net, cpu_profile,
-                                         hardware.CPU_PRESET))
+                rows.extend(predict_rows(
+                    net, cpu_profile, hardware.CPU_PRESET,
+                    optimizers=measured_optimizers(cpu_profile)))
                 cpu_nets.append(net)
             except ValueError as error:
                 print('{}: this-cpu skipped: {}'.format(net, error))

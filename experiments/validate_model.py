@@ -123,8 +123,22 @@ def measure(net, counts, batch, image_size, iterations, warmup, out_dir,
     return summary, chunk_sizes
 
 
-def predict_points(profile, summary, chunk_sizes):
+def cgdp_workers():
+    """The worker kind ``CGDPUpdater`` runs by default (what the
+    measurement's cgdp mode uses)."""
+    import inspect
+    from cgdp_chainer import CGDPUpdater
+    parameter = inspect.signature(CGDPUpdater).parameters.get('workers')
+    if parameter is None or parameter.default is inspect.Parameter.empty:
+        return 'thread'
+    return parameter.default
+
+
+def predict_points(profile, summary, chunk_sizes, workers='process'):
     """Predicted seconds for every measured (mode, N) of the summary.
+
+    Args:
+        workers (str): CGDP's worker kind in the measurement.
 
     Returns:
         list of dict: Rows with :data:`COLUMNS` (``net`` left empty).
@@ -143,9 +157,10 @@ def predict_points(profile, summary, chunk_sizes):
             closed = costmodel.typical_closed_form(work, hw, n)
         else:
             size = min(chunk_sizes.get(n, 1) or 1, work.n_stages)
-            predicted = costmodel.simulate_cgdp(work, hw, n,
-                                                size).iteration_s
-            closed = costmodel.cgdp_closed_form(work, hw, n, size)
+            predicted = costmodel.simulate_cgdp(
+                work, hw, n, size, workers=workers).iteration_s
+            closed = costmodel.cgdp_closed_form(work, hw, n, size,
+                                                workers=workers)
         measured = point['median_s']
         rows.append({
             'net': None, 'mode': mode, 'n_devices': n,
@@ -246,9 +261,18 @@ def main(argv=None):
                         help='table CSV (default results/costmodel/'
                              'validation_<net>.csv)')
     args = parser.parse_args(argv)
+    out = args.out or os.path.join(OUT_DIR, 'validation_{}.csv'.format(
+        args.net))
+    # Every path is checked before the first measurement.
+    cli.check_output_file('--out', out)
+    cli.check_output_file('the profile', profile_module.default_path(
+        args.net, '@numpy', 1, 1))
+    if args.summary is not None and not os.path.isfile(args.summary):
+        cli.fail('no such summary file: {}'.format(args.summary))
     start = time.perf_counter()
     load_start = results.load_average()
     defaults = weak_scaling.CPU_DEFAULTS[args.net]
+    workers = cgdp_workers()
 
     summary_path = args.summary
     own_dir = os.path.join(OUT_DIR, 'validation', args.net)
@@ -277,6 +301,7 @@ def main(argv=None):
         image_size = args.image_size or defaults.image_size
         cli.check_image_size(args.net, image_size)
         out_dir = own_dir
+        cli.check_output_folder('the measurement folder', out_dir)
         print('no summary.csv for {} under {}/: measuring typical and CGDP '
               'at N={} (batch {}, {} px, {} iterations after {} warm-up) '
               'into {}'.format(args.net, args.results,
@@ -308,20 +333,18 @@ def main(argv=None):
     profile_module.save_profile(profile, profile_path)
     del model
 
-    rows = predict_points(profile, summary, chunk_sizes)
+    rows = predict_points(profile, summary, chunk_sizes, workers)
     for row in rows:
         row['net'] = args.net
     errors = [abs(row['error']) for row in rows]
     median_error = statistics.median(errors)
-    out = args.out or os.path.join(OUT_DIR, 'validation_{}.csv'.format(
-        args.net))
     os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
     results.write_csv(out, COLUMNS, rows)
 
     print()
-    print('{}: predicted (this-cpu preset, {} cores) against measured '
-          'iteration times'.format(args.net,
-                                   profile['machine']['cores']))
+    print('{}: predicted (this-cpu preset, {} cores, CGDP with {} '
+          'workers) against measured iteration times'.format(
+              args.net, profile['machine']['cores'], workers))
     print(describe_profile(profile, batch))
     print(format_table(rows))
     verdict = 'within' if median_error <= TARGET_MEDIAN_ERROR else 'MISSES'
@@ -334,9 +357,7 @@ def main(argv=None):
     print('load average at start {} and end {}; profile {}; table {}'
           .format(_load(load_start), _load(results.load_average()),
                   profile_path, out))
-    print('The model leaves out:')
-    for item in costmodel.LEFT_OUT:
-        print('  - ' + item)
+    print('What the model leaves out: docs/COSTMODEL.md')
     print('({:.0f} s)'.format(time.perf_counter() - start))
     return 0
 

@@ -647,8 +647,20 @@ def test_validation_points_and_prediction_rows():
                'batch': 1}
     predictions = costmodel_predict.predict_rows(
         'convlinear', profile, 'pcie3', counts=(1, 2), batches=(16,))
-    assert [r['n_devices'] for r in predictions] == [1, 2]
+    # Both worker kinds and both optimizers, each at N = 1 and 2.
+    assert len(predictions) == 8
+    assert {(r['workers'], r['optimizer']) for r in predictions} == {
+        (w, o) for w in ('process', 'thread')
+        for o in ('momentum_sgd', 'adam')}
     assert set(predictions[0]) == set(costmodel_predict.COLUMNS)
+    for row in predictions:
+        assert row['speedup_vs_nccl'] == pytest.approx(
+            row['t_nccl'] / row['t_cgdp'], rel=1e-5)
+    cpu_rows = costmodel_predict.predict_rows(
+        'one', cpu_profile(), 'this-cpu', counts=(1, 2), batches=(1,),
+        optimizers=costmodel_predict.measured_optimizers(cpu_profile()))
+    assert {r['optimizer'] for r in cpu_rows} == {'momentum_sgd'}
+    assert all(r['t_nccl'] is None for r in cpu_rows)
 
 
 def test_validation_refuses_a_summary_with_only_multi_rank_rows(tmp_path,
@@ -1117,3 +1129,60 @@ def test_measure_host_update_and_function_overhead():
         profiler.measure_host_update('sgd', shapes)
     calls = profiler.measure_function_overhead(units=5, reps=1)
     assert calls['forward_s'] > 0 and calls['backward_s'] > 0
+
+
+# ------------------------------------------------- the command-line tools
+
+@pytest.mark.parametrize('argv, words', [
+    (['--nets', 'resnet'], 'unknown network'),
+    (['--nets', 'alexnet,,vgg16'], 'empty name'),
+    (['--nets', 'alexnet,alexnet'], 'twice'),
+    (['--bogus'], 'unrecognized'),
+])
+def test_costmodel_predict_refuses_bad_input(argv, words, capsys):
+    from experiments import costmodel_predict
+    with pytest.raises(SystemExit) as info:
+        costmodel_predict.main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith('error:') and words in err[0]
+
+
+def test_costmodel_predict_refuses_an_out_that_is_a_file(tmp_path, capsys):
+    from experiments import costmodel_predict
+    path = tmp_path / 'file'
+    path.write_text('x')
+    with pytest.raises(SystemExit) as info:
+        costmodel_predict.main(['--out', str(path), '--nets', 'alexnet'])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith('error: --out')
+    assert not (tmp_path / 'file' / 'predictions.csv').exists()
+
+
+@pytest.mark.parametrize('argv, words', [
+    (['--net', 'alexnet', '--devices', '0'], 'error:'),
+    (['--net', 'alexnet', '--reps', '0'], 'positive'),
+    (['--net', 'alexnet', '--statistic', 'mean'], 'invalid choice'),
+    (['--net', 'alexnet', '--summary', 'no/such/summary.csv'],
+     'no such summary file'),
+    (['--net', 'alexnet', '--measure', '--image-size', '8'], 'alexnet'),
+])
+def test_validate_model_refuses_bad_input(argv, words, capsys):
+    from experiments import validate_model
+    with pytest.raises(SystemExit) as info:
+        validate_model.main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith('error:') and words in err[0]
+
+
+def test_validate_model_refuses_an_out_in_a_file(tmp_path, capsys):
+    from experiments import validate_model
+    blocker = tmp_path / 'file'
+    blocker.write_text('x')
+    with pytest.raises(SystemExit) as info:
+        validate_model.main(['--net', 'alexnet', '--measure', '--out',
+                             str(blocker / 'table.csv')])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.startswith('error: --out')
