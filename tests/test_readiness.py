@@ -427,6 +427,18 @@ def test_loss_scaling_is_refused():
         readiness.refuse_loss_scaling(optimizer)
 
 
+def test_an_error_in_on_ready_propagates():
+    model = Branchy()
+
+    def on_ready(name, used):
+        if name == '/l2/W':
+            raise KeyError('host refused ' + name)
+
+    with pytest.raises(KeyError, match='host refused /l2/W'):
+        readiness.ReadinessBackward(model.namedparams()).backward(
+            model(_x((2, 4))), on_ready)
+
+
 def test_bad_arguments():
     model = Branchy()
     with pytest.raises(ValueError, match='named_params'):
