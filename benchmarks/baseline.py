@@ -11,10 +11,14 @@ Usage::
 
     python -m benchmarks.baseline [--nets resnet152 vgg16] [--device @numpy]
                                   [--repeats 5]
-"""
-import models  # NOQA: first, so cgdp_chainer._compat runs before Chainer
 
-import argparse
+Every argument is checked before the first network is built; bad input
+exits with status 2 and one ``error:`` line.
+"""
+from experiments import cli  # NOQA: first: one-line errors, quiet imports
+
+import models  # NOQA: before Chainer, so cgdp_chainer._compat runs first
+
 import os
 import platform
 import statistics
@@ -105,7 +109,6 @@ def run(nets, device_spec, repeats):
             models.get_model(net, n_classes=N_CLASSES, seed=0))
         classifier.to_device(device)
         for image_size, batch in SETTINGS:
-            models.check_image_size(net, image_size)
             forward, backward = time_iterations(
                 classifier, device, image_size, batch, repeats)
             row = {'net': net, 'image_size': image_size, 'batch': batch,
@@ -120,12 +123,39 @@ def run(nets, device_spec, repeats):
     return rows
 
 
-def _positive_int(text):
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError('must be at least 1, got {}'.format(
-            value))
-    return value
+def build_parser():
+    """The command-line parser of this script."""
+    parser = cli.ArgumentParser(
+        prog='python -m benchmarks.baseline',
+        description='Forward and backward time per iteration of each '
+                    'network on one device.')
+    parser.add_argument('--nets', nargs='+', type=cli.net_name,
+                        default=list(models.NETWORKS), metavar='NET',
+                        help='networks to time: {} (default: all '
+                             'four)'.format(', '.join(models.NETWORKS)))
+    parser.add_argument('--device', default=['@numpy'],
+                        type=cli.single_device,
+                        help="'@numpy' (default) or '@cupy:N'")
+    parser.add_argument('--repeats', type=cli.positive_int, default=5,
+                        help='timed iterations per setting (default: 5)')
+    return parser
+
+
+def parse_args(argv=None):
+    """Parses and checks the command line; exits with 2 on bad input.
+
+    Args:
+        argv (list of str or None): Arguments; ``None`` reads ``sys.argv``.
+
+    Returns:
+        argparse.Namespace: ``nets``, ``device`` (a one-item list) and
+        ``repeats``.
+    """
+    args = build_parser().parse_args(argv)
+    for net in args.nets:
+        for image_size, _ in SETTINGS:
+            cli.check_image_size(net, image_size)
+    return args
 
 
 def main(argv=None):
@@ -134,23 +164,8 @@ def main(argv=None):
     Args:
         argv (list of str or None): Arguments; ``None`` reads ``sys.argv``.
     """
-    parser = argparse.ArgumentParser(
-        prog='python -m benchmarks.baseline',
-        description='Forward and backward time per iteration of each '
-                    'network on one device.')
-    parser.add_argument('--nets', nargs='+', choices=models.NETWORKS,
-                        default=list(models.NETWORKS),
-                        help='networks to time (default: all four)')
-    parser.add_argument('--device', default='@numpy',
-                        help="'@numpy' (default) or '@cupy:N'")
-    parser.add_argument('--repeats', type=_positive_int, default=5,
-                        help='timed iterations per setting (default: 5)')
-    args = parser.parse_args(argv)
-    try:
-        devices.parse_device(args.device)
-    except ValueError as error:
-        parser.error(str(error))
-    run(args.nets, args.device, args.repeats)
+    args = parse_args(argv)
+    run(args.nets, args.device[0], args.repeats)
 
 
 if __name__ == '__main__':

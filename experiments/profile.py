@@ -1,20 +1,28 @@
 """Profiles a network for the cost model and saves the profile JSON.
 
 ``python -m experiments.profile --net NET --device DEV --batch B
---image-size S [--reps R] [--out FILE]``; what a profile holds is described
-in :mod:`cgdp_chainer.profiler`, which does the measuring.
+--image-size S [--reps R] [--out FILE] [--force]``; what a profile holds is
+described in :mod:`cgdp_chainer.costmodel.profiler`, which does the
+measuring.
+
+Every argument is checked before the measuring starts: the image size
+against the network, the output file for writing (its folder is created if
+missing) and for an earlier profile, which is replaced only with
+``--force``. The profile is written atomically: an interrupted run leaves
+the previous file.
 """
 import os
 import time
 
 from experiments import cli  # NOQA: first, it silences import-time warnings
 
+from cgdp_chainer import files
 # The measuring lives in the library; these names stay importable from here.
-from cgdp_chainer.profiler import DEFAULT_REPS  # NOQA
-from cgdp_chainer.profiler import profile_model  # NOQA
-from cgdp_chainer.profiler import profile_replica  # NOQA
-from cgdp_chainer.profiler import save_profile  # NOQA
-from cgdp_chainer.profiler import STATISTICS  # NOQA
+from cgdp_chainer.costmodel.profiler import DEFAULT_REPS  # NOQA
+from cgdp_chainer.costmodel.profiler import profile_model  # NOQA
+from cgdp_chainer.costmodel.profiler import profile_replica  # NOQA
+from cgdp_chainer.costmodel.profiler import save_profile  # NOQA
+from cgdp_chainer.costmodel.profiler import STATISTICS  # NOQA
 
 
 def default_path(net, device, batch, image_size):
@@ -25,7 +33,9 @@ def default_path(net, device, batch, image_size):
 
 
 def build_parser():
+    """The command-line parser of this script."""
     parser = cli.ArgumentParser(
+        prog='python -m experiments.profile',
         description='Measure per-stage times, copy bandwidth and host '
                     'accumulator costs of a network for the cost model.')
     parser.add_argument('--net', required=True, type=cli.net_name)
@@ -41,14 +51,42 @@ def build_parser():
                              'min resists other processes on a shared '
                              'machine)')
     parser.add_argument('--classes', type=cli.positive_int, default=1000)
-    parser.add_argument('--out', default=None,
+    parser.add_argument('--out', default=None, metavar='FILE',
                         help='profile JSON (default results/profiles/...)')
+    parser.add_argument('--force', action='store_true',
+                        help='replace an existing profile at --out')
     return parser
 
 
-def main(argv=None):
+def parse_args(argv=None):
+    """Parses and checks the command line; exits with 2 on bad input.
+
+    Args:
+        argv (list of str or None): Arguments; ``sys.argv[1:]`` if ``None``.
+
+    Returns:
+        argparse.Namespace: The arguments; ``out`` is the profile's path
+        (the default one if none was given).
+    """
     args = build_parser().parse_args(argv)
     cli.check_image_size(args.net, args.image_size)
+    if args.out is None:
+        args.out = default_path(args.net, args.device[0], args.batch,
+                                args.image_size)
+    cli.check_output_file('--out', args.out)
+    if os.path.exists(args.out) and not args.force:
+        cli.fail('--out {} already holds a profile; choose another --out, '
+                 'or pass --force to replace it'.format(args.out))
+    return args
+
+
+def main(argv=None):
+    """Profiles the network the command line names and writes the JSON.
+
+    Args:
+        argv (list of str or None): Arguments; ``sys.argv[1:]`` if ``None``.
+    """
+    args = parse_args(argv)
     from experiments import train
     device = args.device[0]
     model = train.build_model(args.net, n_classes=args.classes, seed=0)
@@ -57,9 +95,11 @@ def main(argv=None):
                             reps=args.reps, n_classes=args.classes,
                             statistic=args.statistic)
     profile['net'] = args.net
-    path = args.out or default_path(args.net, device, args.batch,
-                                    args.image_size)
-    save_profile(profile, path)
+    path = args.out
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    with files.atomic_path(path) as temporary:
+        save_profile(profile, temporary)
     stages = profile['stages']
     print('profiled {} on {} (batch {}, {} px) in {:.1f} s: forward {:.4f} '
           's, backward {:.4f} s over {} stages; chunk overhead {:.2e} s; '
