@@ -39,6 +39,19 @@ def _assert_one_line_error(result, *fragments):
         assert fragment in lines[0]
 
 
+def _assert_main_fails(args, capsys, *fragments):
+    """``train.main(args)`` in this process: the same checks as a
+    subprocess, without its start-up time (any other exception than the
+    exit fails the test, as a traceback would)."""
+    with pytest.raises(SystemExit) as info:
+        train.main(args)
+    captured = capsys.readouterr()
+    result = subprocess.CompletedProcess(args, info.value.code, captured.out,
+                                         captured.err)
+    _assert_one_line_error(result, *fragments)
+    return result
+
+
 def _assert_nothing_ran(result):
     # No progress bar, no report header: no iteration started.
     assert 'main/loss' not in result.stdout
@@ -233,12 +246,11 @@ def _file_in_the_way(tmp_path):
      ['--trace:', 'is a folder, not a file']),
 ], ids=['out-is-a-file', 'out-under-a-file', 'trace-under-a-file',
         'trace-is-a-folder'])
-def test_unusable_output_paths_are_refused_before_work(tmp_path, make_args,
-                                                       fragments):
+def test_unusable_output_paths_are_refused_before_work(tmp_path, capsys,
+                                                       make_args, fragments):
     args = make_args(tmp_path)
     before = sorted(os.listdir(str(tmp_path)))
-    result = _run_cli(ALEXNET_CGDP + args)
-    _assert_one_line_error(result, *fragments)
+    result = _assert_main_fails(ALEXNET_CGDP + args, capsys, *fragments)
     _assert_nothing_ran(result)
     assert sorted(os.listdir(str(tmp_path))) == before
 
@@ -334,7 +346,7 @@ def test_resume_into_a_folder_with_later_snapshots_is_refused(finished_run):
     (b'not a snapshot', 'cannot read snapshot'),
     (None, 'is not a snapshot of experiments.train'),
 ], ids=['not-npz', 'npz-without-iteration'])
-def test_resume_from_a_file_that_is_no_snapshot(tmp_path, content,
+def test_resume_from_a_file_that_is_no_snapshot(tmp_path, capsys, content,
                                                 fragment):
     path = str(tmp_path / 'snapshot')
     if content is None:
@@ -343,9 +355,9 @@ def test_resume_from_a_file_that_is_no_snapshot(tmp_path, content,
     else:
         with open(path, 'wb') as f:
             f.write(content)
-    result = _run_cli(ALEXNET_CGDP + ['--resume', path, '--out',
-                                      str(tmp_path / 'out')])
-    _assert_one_line_error(result, fragment, path)
+    _assert_main_fails(ALEXNET_CGDP + ['--resume', path, '--out',
+                                       str(tmp_path / 'out')], capsys,
+                       fragment, path)
     assert not (tmp_path / 'out').exists()
 
 
