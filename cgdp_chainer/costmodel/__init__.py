@@ -11,8 +11,9 @@ The package, along its seams:
 
 * :mod:`~cgdp_chainer.costmodel.inputs`: argument checks, profiles and the
   per-stage :class:`Workload` of one replica on one machine;
-* :mod:`~cgdp_chainer.costmodel.profiler`, :mod:`~cgdp_chainer.costmodel.flops`:
-  measured profiles and FLOP counts (they import Chainer; the rest does not);
+* :mod:`~cgdp_chainer.costmodel.profiler`,
+  :mod:`~cgdp_chainer.costmodel.flops`: measured profiles and FLOP
+  counts (they import Chainer; the rest does not);
 * :mod:`~cgdp_chainer.costmodel.hardware`: machine and network presets;
 * :mod:`~cgdp_chainer.costmodel.costs`: seconds of each operation;
 * :mod:`~cgdp_chainer.costmodel.topology`: shared resources and copy paths;

@@ -48,7 +48,7 @@ def _choice(stage_profile, n_devices, hardware, batch_per_device, workers,
     batch = batch_per_device or int(stage_profile.get('batch') or 1)
     workload = inputs.build_workload(stage_profile, hw, batch, optimizer)
     return predictions.best_chunk_size(workload, hw, n_devices,
-                                          workers=workers)
+                                       workers=workers)
 
 
 def _model_optimizer(optimizer):

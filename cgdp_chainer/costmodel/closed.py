@@ -9,6 +9,7 @@ from cgdp_chainer.costmodel import engine
 from cgdp_chainer.costmodel import inputs
 from cgdp_chainer.costmodel import topology
 
+
 def chainermn_closed_form(workload, hardware, n_devices, n_nodes,
                           network=None, iterations=2):
     """The ChainerMN baseline's iteration time from its phases (see
@@ -53,33 +54,35 @@ def typical_closed_form(workload, hardware, n_devices, iterations=2,
     net_s = costs.ring_allreduce_seconds(n_bytes, n_nodes, network)
     if hardware.kind == 'cpu':
         forward, backward, _ = costs.cpu_stage_times(workload, hardware,
-                                               hardware.cores)
-        f_s, b_s = costs.whole_model_times(workload, hardware, forward, backward)
+                                                     hardware.cores)
+        f_s, b_s = costs.whole_model_times(workload, hardware, forward,
+                                           backward)
         ops = workload.host_ops
         return (n_devices * (f_s + b_s)
-                + (n_devices - 1) * costs.op_cost(ops, 'addgrads', arrays, n_bytes)
+                + (n_devices - 1) * costs.op_cost(ops, 'addgrads', arrays,
+                                                  n_bytes)
                 + net_s
                 + costs.host_update_seconds(workload, hardware, arrays,
                                             n_bytes)
                 + (n_devices - 1) * costs.op_cost(ops, 'copyparams', arrays,
-                                             n_bytes))
+                                                  n_bytes))
     caps = topology.capacities(hardware, n_devices)
     latency = arrays * hardware.copy_latency_s
     f_s, b_s = costs.whole_model_times(workload, hardware, workload.forward_s,
-                                  workload.backward_s)
+                                       workload.backward_s)
     compute = f_s + b_s
     gil = costs.chunk_gil_times(workload, hardware, [(0, workload.n_stages)])
     if gil is not None:
         compute = max(compute, n_devices * (gil[0][0] + gil[1][0]))
     add_s = costs.device_op_seconds(workload, hardware, 'add', arrays, n_bytes)
     update_s = costs.device_op_seconds(workload, hardware, 'update', arrays,
-                                 n_bytes)
+                                       n_bytes)
     gather = [0.0] + [latency + n_bytes / topology.standalone_rate(
         hardware, caps, topology.peer_path(hardware, j, 0))
-        for j in range(1, n_devices)]
+                      for j in range(1, n_devices)]
     broadcast = [0.0] + [latency + n_bytes / topology.standalone_rate(
         hardware, caps, topology.peer_path(hardware, 0, j))
-        for j in range(1, n_devices)]
+                         for j in range(1, n_devices)]
     starts = [0.0] * n_devices
     ends = []
     for _ in range(max(1, iterations)):
@@ -219,8 +222,8 @@ def cgdp_phases(workload, hardware, n_devices, chunk_size, n_nodes=1,
         phases['backward'].append(chunk_backward[index])
         phases['d2h'].append(latency + n_bytes / d2h_rate)
         if n_nodes > 1:
-            reduce_s, update_s = costs.host_job_parts(workload, hardware,
-                                                n_devices, arrays, n_bytes)
+            reduce_s, update_s = costs.host_job_parts(
+                workload, hardware, n_devices, arrays, n_bytes)
             phases['reduce'].append(reduce_s)
             phases['update'].append(update_s)
             phases['host'].append(reduce_s + update_s)
@@ -246,7 +249,8 @@ def cgdp_closed_form(workload, hardware, n_devices, chunk_size, n_nodes=1,
 
     Multi-node (``n_nodes = R > 1``): the host job splits into a reduce
     ending at ``r_k`` and an update ending at ``p_k``; between them the ring
-    all-reduce ``A_k`` (:func:`costs.ring_allreduce_seconds`) on the network, in
+    all-reduce ``A_k`` (:func:`costs.ring_allreduce_seconds`) on the
+    network, in
     chunk order: ``a_k = max(r_k, a_{k-1}) + A_k``; the update is ready at
     ``a_k`` and ``u_k = max(p_k, u_{k-1}) + h2d_k``. Reduces and updates
     share the host threads first come, first served (see

@@ -67,7 +67,7 @@ def host_job_seconds(workload, hardware, n_devices, arrays, n_bytes):
         if n_devices > 1:
             seconds += (op_cost(ops, 'reduce2', arrays, n_bytes)
                         + (n_devices - 2) * op_cost(ops, 'reduce_slot',
-                                                     arrays, n_bytes))
+                                                    arrays, n_bytes))
         return seconds
     traffic = host_traffic_bytes(n_devices, n_bytes, workload.optimizer)
     rate = min(hardware.host_thread_bw * threads_per_server(hardware),
@@ -146,7 +146,7 @@ def host_job_parts(workload, hardware, n_devices, arrays, n_bytes):
         if n_devices > 1:
             reduce_s += (op_cost(ops, 'reduce2', arrays, n_bytes)
                          + (n_devices - 2) * op_cost(ops, 'reduce_slot',
-                                                      arrays, n_bytes))
+                                                     arrays, n_bytes))
         update_s = host_update_seconds(workload, hardware, arrays,
                                        n_bytes) + 2 * one_pass
         return reduce_s, update_s

@@ -11,6 +11,7 @@ import math
 # Relative tolerance of the fluid simulation's level comparisons.
 _EPS = 1e-12
 
+
 class Task(object):
     """One piece of work in the simulation.
 

@@ -32,8 +32,9 @@ least its host-side time: ``calls x (function_forward_s + kernel_launch_s)``
 forward, ``calls x (function_backward_s + backward_kernels_per_call x
 kernel_launch_s)`` backward, the Python a replica's interpreter spends to
 issue the stage's Chainer functions (see :data:`MEASURED_HERE`). The
-efficiency factor of each preset is documented at its definition. Achieved bandwidths are given, not
-theoretical ones, where the preset says "in practice".
+efficiency factor of each preset is documented at its definition.
+Achieved bandwidths are given, not theoretical ones, where the preset says
+"in practice".
 
 The presets describe the machine as built (``physical_devices`` devices).
 Asked for more devices, the model extrapolates: more sockets of the same

@@ -19,6 +19,7 @@ WORKERS = ('process', 'thread')
 OPTIMIZERS = ('momentum_sgd', 'adam')
 _OPTIMIZER_CLASSES = {'MomentumSGD': 'momentum_sgd', 'Adam': 'adam'}
 
+
 def check_n_devices(n_devices):
     """Checks a device count.
 

@@ -6,6 +6,7 @@ from cgdp_chainer.costmodel import hardware as hardware_module
 from cgdp_chainer.costmodel import inputs
 from cgdp_chainer.costmodel import simulate
 
+
 def candidate_chunk_sizes(n_stages):
     """Chunk sizes tried: powers of two below ``n_stages``, and
     ``n_stages`` (one chunk), as the runtime search does."""
@@ -200,7 +201,7 @@ def predict_multinode(profile, hardware, network, n_nodes, devices_per_node,
     closed_cgdp = closed.cgdp_closed_form(workload, hw, n, size, n_nodes, net)
     if method == 'simulate':
         t_chainermn = simulate.simulate_chainermn(workload, hw, n, n_nodes,
-                                         net).iteration_s
+                                                  net).iteration_s
         t_cgdp = chunk_times.get(size) or simulate.simulate_cgdp(
             workload, hw, n, size, n_nodes=n_nodes,
             network=net).iteration_s
@@ -212,8 +213,8 @@ def predict_multinode(profile, hardware, network, n_nodes, devices_per_node,
         'speedup': t_chainermn / t_cgdp, 'best_chunk_size': size,
         'chunk_times': chunk_times, 't_chainermn_closed': closed_mn,
         't_cgdp_closed': closed_cgdp,
-        'allreduce_s': costs.ring_allreduce_seconds(workload.total_bytes, n_nodes,
-                                              net),
+        'allreduce_s': costs.ring_allreduce_seconds(
+            workload.total_bytes, n_nodes, net),
     }
     if n_nodes == 1 and n == 1:
         single = result

@@ -16,15 +16,23 @@ A profile (saved as JSON by ``python -m experiments.profile``) holds:
 - ``host``: the host accumulator's costs over the model's parameter arrays,
   each as ``per_array_s`` + ``per_byte_s``: the reduction of two slots into
   their mean, each further slot, a MomentumSGD update rule call, and
-  ``ParallelUpdater``'s ``addgrads`` and ``copyparams`` per replica;
+  ``ParallelUpdater``'s ``addgrads`` and ``copyparams`` per replica; and
+  ``update_rules``: each optimizer's host update rule
+  (:func:`measure_host_update`, MomentumSGD and Adam);
+- per stage also ``forward_flops``, ``backward_flops``, ``forward_calls``
+  and ``counted_layers`` (:mod:`cgdp_chainer.costmodel.flops`);
 - ``machine``: cores, the compute this process gets of them
-  (``effective_cores``) and, on ``'@numpy'``, ``blas_1t_flops``: one
-  thread's matrix-product rate, from which the cost model tells a stage's
-  arithmetic from the Python around it (which holds the GIL);
+  (``effective_cores``), ``function_call``: the host-side seconds of one
+  Chainer function call forward and backward on this device
+  (:func:`measure_function_overhead`), and, on ``'@numpy'``,
+  ``blas_1t_flops``: one thread's matrix-product rate, from which the cost
+  model tells a stage's arithmetic from the Python around it (which holds
+  the GIL);
 - on GPUs, ``device_update_s``: MomentumSGD on the device.
 
 :func:`profile_model` and :func:`profile_replica` do the measuring for
-callers (the updater's ``chunk_size='model'`` uses the latter).
+callers (:class:`cgdp_chainer.costmodel.ModelChunkChooser` uses the
+latter).
 """
 import json
 import os
@@ -536,7 +544,6 @@ def measure_function_overhead(device=None, units=50, reps=DEFAULT_REPS):
     import chainer.functions as F
     if device is None:
         device = chainer.get_device('@numpy')
-    xp = device.xp
     sync = _synchronizer(device)
 
     def param(value):
@@ -548,7 +555,8 @@ def measure_function_overhead(device=None, units=50, reps=DEFAULT_REPS):
                                                 dtype=numpy.float32)))
     calls = 4 * units
     times = {'forward': [], 'backward': []}
-    with chainer.using_config('train', True),             chainer.using_config('enable_backprop', True):
+    with chainer.using_config('train', True), \
+            chainer.using_config('enable_backprop', True):
         for rep in range(reps + 1):
             sync()
             start = time.perf_counter()
@@ -568,7 +576,6 @@ def measure_function_overhead(device=None, units=50, reps=DEFAULT_REPS):
             if rep > 0:
                 times['forward'].append((middle - start) / calls)
                 times['backward'].append((end - middle) / calls)
-    del xp
     return {'forward_s': statistics.median(times['forward']),
             'backward_s': statistics.median(times['backward'])}
 

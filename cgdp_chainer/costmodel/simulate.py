@@ -9,6 +9,7 @@ from cgdp_chainer.costmodel import engine
 from cgdp_chainer.costmodel import inputs
 from cgdp_chainer.costmodel import topology
 
+
 @dataclasses.dataclass
 class SimulationResult:
     """What a simulation returns.
@@ -52,7 +53,7 @@ def iteration_result(tasks, iterations, compute_s):
 
 
 def add_transfer(sim, hardware, caps, kind, device, chunk, iteration, path,
-              n_bytes, arrays, deps, exclusive):
+                 n_bytes, arrays, deps, exclusive):
     """Adds a copy of ``n_bytes`` in ``arrays`` calls over ``path`` (one
     copy call per parameter array, as the runtime and Chainer issue them).
     """
@@ -169,9 +170,10 @@ def simulate_typical(workload, hardware, n_devices, iterations=2,
         # One Python thread drives every replica: forwards, then backwards,
         # then addgrads, update and copyparams, one after another; BLAS has
         # every core (ParallelUpdater sets no limit).
-        forward, backward, demands = costs.cpu_compute(workload, hardware,
-                                                  hardware.cores, sim.caps)
-        f_s, b_s = costs.whole_model_times(workload, hardware, forward, backward)
+        forward, backward, demands = costs.cpu_compute(
+            workload, hardware, hardware.cores, sim.caps)
+        f_s, b_s = costs.whole_model_times(workload, hardware, forward,
+                                           backward)
         ops = workload.host_ops
         last = None
         for it in range(iterations):
@@ -184,17 +186,17 @@ def simulate_typical(workload, hardware, n_devices, iterations=2,
             for i in range(1, n_devices):
                 last = sim.add('addgrads', i, None, it, costs.op_cost(
                     ops, 'addgrads', arrays, n_bytes), [last],
-                    demands={'cores': 1.0})
+                               demands={'cores': 1.0})
             if n_nodes > 1:
                 last = sim.add('allreduce', 'network', None, it, net_s,
                                [last], exclusive='network')
             last = sim.add('update', 0, None, it, costs.host_update_seconds(
                 workload, hardware, arrays, n_bytes), [last],
-                demands={'cores': 1.0})
+                           demands={'cores': 1.0})
             for i in range(1, n_devices):
                 last = sim.add('copyparams', i, None, it, costs.op_cost(
                     ops, 'copyparams', arrays, n_bytes), [last],
-                    demands={'cores': 1.0})
+                               demands={'cores': 1.0})
         sim.run()
         return iteration_result(sim.tasks, iterations, f_s + b_s)
 
@@ -221,9 +223,10 @@ def simulate_typical(workload, hardware, n_devices, iterations=2,
         previous_copy = None
         for j in range(1, n_devices):
             copy = add_transfer(sim, hardware, caps, 'gather', j, None, it,
-                             topology.peer_path(hardware, j, 0), n_bytes, arrays,
-                             [backward[j], previous_add, previous_copy],
-                             None)
+                                topology.peer_path(hardware, j, 0), n_bytes,
+                                arrays,
+                                [backward[j], previous_add, previous_copy],
+                                None)
             previous_copy = copy
             previous_add = sim.add('add', 0, None, it, add_s,
                                    [copy, previous_add])
@@ -238,9 +241,10 @@ def simulate_typical(workload, hardware, n_devices, iterations=2,
         ready[0] = update
         previous = update
         for j in range(1, n_devices):
-            previous = add_transfer(sim, hardware, caps, 'broadcast', j, None,
-                                 it, topology.peer_path(hardware, 0, j), n_bytes,
-                                 arrays, [previous], None)
+            previous = add_transfer(sim, hardware, caps, 'broadcast', j,
+                                    None, it,
+                                    topology.peer_path(hardware, 0, j),
+                                    n_bytes, arrays, [previous], None)
             ready[j] = previous
     sim.run()
     return iteration_result(sim.tasks, iterations, f_s + b_s)
@@ -290,8 +294,8 @@ def simulate_cgdp(workload, hardware, n_devices, chunk_size, iterations=2,
     zero_copy = cpu and workers == 'thread'
     if cpu:
         threads = costs.cpu_threads_per_replica(hardware, n_devices)
-        forward, backward, compute_demands = costs.cpu_compute(workload, hardware,
-                                                          threads, caps)
+        forward, backward, compute_demands = costs.cpu_compute(
+            workload, hardware, threads, caps)
         host_demands = {'cores': float(costs.threads_per_server(hardware))}
     else:
         forward, backward = workload.forward_s, workload.backward_s
@@ -302,11 +306,11 @@ def simulate_cgdp(workload, hardware, n_devices, chunk_size, iterations=2,
     chunk_bytes = [sum(workload.param_bytes[a:b]) for a, b in chunks]
     chunk_arrays = [sum(workload.param_arrays[a:b]) for a, b in chunks]
     host_s = [costs.host_job_seconds(workload, hardware, n_devices,
-                               chunk_arrays[c], chunk_bytes[c])
+                                     chunk_arrays[c], chunk_bytes[c])
               for c in range(n_chunks)]
     if multinode:
         parts = [costs.host_job_parts(workload, hardware, n_devices,
-                                chunk_arrays[c], chunk_bytes[c])
+                                      chunk_arrays[c], chunk_bytes[c])
                  for c in range(n_chunks)]
         reduce_s = [p[0] for p in parts]
         update_s = [p[1] for p in parts]
@@ -330,17 +334,17 @@ def simulate_cgdp(workload, hardware, n_devices, chunk_size, iterations=2,
             hardware, host_demands,
             costs.host_traffic_bytes(n_devices, chunk_bytes[c],
                                      workload.optimizer), host_s[c])
-            for c in range(n_chunks)]
+                            for c in range(n_chunks)]
         if multinode:
             traffic = [costs.host_traffic_parts(n_devices, chunk_bytes[c],
                                                 workload.optimizer)
                        for c in range(n_chunks)]
             reduce_demands = [costs.cpu_memory_demand(
                 hardware, host_demands, traffic[c][0], reduce_s[c])
-                for c in range(n_chunks)]
+                              for c in range(n_chunks)]
             update_demands = [costs.cpu_memory_demand(
                 hardware, host_demands, traffic[c][1], update_s[c])
-                for c in range(n_chunks)]
+                              for c in range(n_chunks)]
     # Python holds an interpreter lock: thread workers share the user's
     # process's with each other and with the host threads; process workers
     # have one each, and the host threads share the user's process's (see
@@ -425,7 +429,7 @@ def simulate_cgdp(workload, hardware, n_devices, chunk_size, iterations=2,
                         chunk_arrays[c], [host], 'copy_in[{}]'.format(i))
     sim.run()
     return iteration_result(sim.tasks, iterations,
-                             sum(chunk_forward) + sum(chunk_backward))
+                            sum(chunk_forward) + sum(chunk_backward))
 
 
 def simulate_chainermn(workload, hardware, n_devices, n_nodes, network=None,
