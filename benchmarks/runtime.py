@@ -1,42 +1,62 @@
 """CGDP runtime benchmarks, each comparison measured side by side in one run.
 
     python -m benchmarks.runtime [--net resnet152] [--image-size 64]
-        [--batch 4] [--iterations 6] [--warmup 2] [--parts all]
+        [--batch 4] [--iterations 5] [--warmup 2] [--rounds 2]
+        [--parts all | pairs,four,one,startup,host]
 
-Prints, as ratios (machines here are shared and noisy, so only ratios from
-one run mean anything):
+Prints ratios (machines here are shared and noisy, so only ratios from one
+run mean anything), each with its target or measured limit:
 
-1. Two '@numpy' replicas: CGDP iteration time over ParallelUpdater's.
-2. One device: CGDP over StandardUpdater (the machinery's own cost).
-3. The host accumulator alone: reduce 4 device slots and apply MomentumSGD
-   over the network's parameters; effective bandwidth (logical bytes read
-   and written per second) over a plain NumPy copy's, measured in the run.
-4. Exposed sync per iteration (from the timeline) against the time the
-   last chunk's sync (reduce + update + publish of chunk 0) takes alone.
+- ``pairs``: two '@numpy' replicas: CGDP with worker processes and with
+  threads, ParallelUpdater, and the limit: two StandardUpdater processes
+  with one BLAS thread each, side by side, each on one replica's batch.
+  Also the exposed sync per iteration from the timeline.
+- ``four``: four replicas: CGDP (processes) over ParallelUpdater.
+- ``one``: one replica: CGDP (processes) over StandardUpdater.
+- ``startup``: process against thread workers: start-up (the first
+  ``update()``), the chunk signal round trip, the sub-batch hand-over
+  through shared memory, and peak memory of all processes (PSS, which
+  counts shared memory once).
+- ``host``: the host accumulator alone: reduce 4 slots and apply
+  MomentumSGD over the network's parameters, as a fraction of a NumPy
+  copy's bandwidth measured in the same run.
 """
-import argparse
 import copy
+import multiprocessing
+import os
 import statistics
+import threading
 import time
 
-import models  # NOQA: imports the compat module before Chainer
+from experiments import cli  # NOQA: first, it silences import-time warnings
+
+import models
 import chainer
 from chainer.training import updaters
 import numpy
 
 import cgdp_chainer
 from cgdp_chainer import accumulator as accumulator_module
+from cgdp_chainer import blas
+from cgdp_chainer import chunking
 from cgdp_chainer import datasets
+from cgdp_chainer.runtime import shared
 from cgdp_chainer.runtime import transfer as transfer_module
+
+PARTS = ('pairs', 'four', 'one', 'startup', 'host')
+
+
+def _iterator(n_devices, batch, image_size):
+    data = datasets.SyntheticImageNet(
+        batch * n_devices * 2, image_size, n_classes=1000, seed=0)
+    return chainer.iterators.SerialIterator(data, batch * n_devices,
+                                            shuffle=False)
 
 
 def _updater(mode, model, n_devices, batch, image_size, timeline=None):
     optimizer = chainer.optimizers.MomentumSGD(lr=0.01, momentum=0.9)
     optimizer.setup(model)
-    data = datasets.SyntheticImageNet(
-        batch * n_devices * 1000, image_size, n_classes=1000, seed=0)
-    iterator = chainer.iterators.SerialIterator(data, batch * n_devices,
-                                                shuffle=False)
+    iterator = _iterator(n_devices, batch, image_size)
     if mode == 'standard':
         return updaters.StandardUpdater(iterator, optimizer)
     if mode == 'parallel':
@@ -44,9 +64,10 @@ def _updater(mode, model, n_devices, batch, image_size, timeline=None):
         devices.update({'replica{}'.format(i): '@numpy'
                         for i in range(1, n_devices)})
         return updaters.ParallelUpdater(iterator, optimizer, devices=devices)
+    workers = 'thread' if mode == 'cgdp-thread' else 'process'
     return cgdp_chainer.CGDPUpdater(iterator, optimizer,
                                     ['@numpy'] * n_devices, chunk_size=1,
-                                    timeline=timeline)
+                                    timeline=timeline, workers=workers)
 
 
 def _iteration_times(updater, iterations, warmup):
@@ -62,11 +83,44 @@ def _iteration_times(updater, iterations, warmup):
     return times
 
 
-def compare(base, modes, n_devices, args):
+def _standard_alone(net, batch, image_size, iterations, warmup, barrier,
+                    results):
+    """One StandardUpdater with one BLAS thread (runs in its own process)."""
+    with blas.BlasLimit(1):
+        model = models.Classifier(models.get_model(net, seed=0))
+        updater = _updater('standard', model, 1, batch, image_size)
+        barrier.wait()
+        results.put(_iteration_times(updater, iterations, warmup))
+
+
+def limit_seconds(args, n_processes=2):
+    """Median iteration time of ``n_processes`` StandardUpdater processes
+    with one BLAS thread each, side by side: what N replicas with no
+    interpreter to share and no sync would take."""
+    context = multiprocessing.get_context('spawn')
+    barrier = context.Barrier(n_processes)
+    results = context.Queue()
+    processes = [context.Process(
+        target=_standard_alone,
+        args=(args.net, args.batch, args.image_size, args.iterations,
+              args.warmup, barrier, results)) for _ in range(n_processes)]
+    for process in processes:
+        process.start()
+    times = []
+    for _ in processes:
+        times += results.get(timeout=1800)
+    for process in processes:
+        process.join()
+    return statistics.median(times)
+
+
+def compare(base, modes, n_devices, args, with_limit=False):
     """Alternates the modes round by round so that load changes on the
-    machine hit both alike; returns median seconds per mode."""
+    machine hit all alike; returns median seconds per mode (and
+    ``'limit'``) and the CGDP timelines."""
     times = {mode: [] for mode in modes}
     timelines = {}
+    limits = []
     for _ in range(args.rounds):
         for mode in modes:
             timeline = cgdp_chainer.Timeline() if mode == 'cgdp' else None
@@ -76,12 +130,115 @@ def compare(base, modes, n_devices, args):
                                             args.warmup)
             if timeline is not None:
                 timelines[mode] = timeline
-    return {m: statistics.median(t) for m, t in times.items()}, timelines
+        if with_limit:
+            limits.append(limit_seconds(args, n_devices))
+    medians = {m: statistics.median(t) for m, t in times.items()}
+    if with_limit:
+        medians['limit'] = statistics.median(limits)
+    return medians, timelines
+
+
+def exposed_sync(timeline, warmup):
+    """Median exposed sync per measured iteration, and the median time the
+    last chunk's sync (reduce + update + publish of chunk 0) takes."""
+    summaries = timeline.iteration_summaries[warmup:]
+    exposed = statistics.median(s['exposed_sync'] for s in summaries)
+    per_iteration = {}
+    for e in timeline.events:
+        if e.device == 'host' and e.chunk == 0 and e.iteration >= warmup \
+                and e.kind in ('reduce', 'update', 'h2d'):
+            per_iteration[e.iteration] = per_iteration.get(
+                e.iteration, 0.0) + (e.end - e.start)
+    return exposed, statistics.median(per_iteration.values())
+
+
+def _pss_bytes(pids):
+    """Proportional set size of the processes: shared pages counted once."""
+    total = 0
+    for pid in pids:
+        try:
+            with open('/proc/{}/smaps_rollup'.format(pid)) as f:
+                for line in f:
+                    if line.startswith('Pss:'):
+                        total += int(line.split()[1]) * 1024
+                        break
+        except OSError:
+            pass
+    return total
+
+
+class PeakMemory(object):
+    """Samples the PSS of this process and its children in a thread."""
+
+    def __init__(self, interval=0.1):
+        self.interval = interval
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self):
+        while not self._stop.is_set():
+            pids = [os.getpid()] + [p.pid for p in
+                                    multiprocessing.active_children()]
+            self.peak = max(self.peak, _pss_bytes(pids))
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        return False
+
+
+def startup_and_signals(base, args):
+    """Per worker kind: first update, a later update, the signal round
+    trip and peak memory; and the batch hand-over through shared memory."""
+    rows = {}
+    for mode in ('cgdp', 'cgdp-thread'):
+        with PeakMemory() as memory:
+            updater = _updater(mode, copy.deepcopy(base), 2, args.batch,
+                               args.image_size)
+            start = time.perf_counter()
+            updater.update()
+            first = time.perf_counter() - start
+            later = []
+            for _ in range(max(2, args.iterations)):
+                start = time.perf_counter()
+                updater.update()
+                later.append(time.perf_counter() - start)
+            round_trip = updater.signal_round_trip_seconds(repeats=200)
+            updater.finalize()
+        rows[mode] = (first, statistics.median(later), round_trip,
+                      memory.peak)
+    iterator = _iterator(2, args.batch, args.image_size)
+    batch = iterator.next()
+    host = chainer.get_device('@numpy')
+    inputs = [chainer.dataset.concat_examples(batch[i::2], host)
+              for i in range(2)]
+    buffers = [shared.BatchBuffer() for _ in inputs]
+    readers = [shared.BatchReader() for _ in inputs]
+    hand_over = []
+    try:
+        for _ in range(20):
+            start = time.perf_counter()
+            for buffer, reader, in_arrays in zip(buffers, readers, inputs):
+                reader.read(buffer.write(in_arrays))
+            hand_over.append(time.perf_counter() - start)
+    finally:
+        for reader, buffer in zip(readers, buffers):
+            reader.close()
+            buffer.close()
+    return rows, statistics.median(hand_over), sum(
+        sum(a.nbytes for a in x) for x in inputs)
 
 
 def copy_bandwidth(n_floats, repeats=5):
     src = numpy.random.rand(n_floats).astype(numpy.float32)
     dst = numpy.empty_like(src)
+    dst[...] = 0  # page faults happen here, not in the timed copies
     best = float('inf')
     for _ in range(repeats):
         start = time.perf_counter()
@@ -109,8 +266,8 @@ def accumulator_bandwidth(model, n_slots=4, repeats=3):
         transfer.send_grads(list(master_params))
         transfers.append(transfer)
     stages = model.stages
-    chunks = cgdp_chainer.chunking.plan_chunks(len(stages), 1)
-    names = cgdp_chainer.chunking.assign_parameters(model, stages, chunks)
+    chunks = chunking.plan_chunks(len(stages), 1)
+    names = chunking.assign_parameters(model, stages, chunks)
     failures = accumulator_module.FailureBox()
     acc = accumulator_module.HostAccumulator(
         optimizer, transfers, names, 'mean', failures)
@@ -136,58 +293,100 @@ def accumulator_bandwidth(model, n_slots=4, repeats=3):
     return bytes_moved / best, best, n_floats
 
 
+def part_list(text):
+    """argparse type: ``all`` or comma-separated names of :data:`PARTS`."""
+    import argparse
+    if text == 'all':
+        return list(PARTS)
+    names = [name.strip() for name in text.split(',') if name.strip()]
+    unknown = [name for name in names if name not in PARTS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            'unknown part(s) {}; use all or a comma-separated list of '
+            '{}'.format(', '.join(unknown) or '(none)', ', '.join(PARTS)))
+    return [name for name in PARTS if name in names]
+
+
+def build_parser():
+    parser = cli.ArgumentParser(prog='python -m benchmarks.runtime',
+                                description=__doc__.splitlines()[0])
+    parser.add_argument('--net', default='resnet152', type=cli.net_name)
+    parser.add_argument('--image-size', type=cli.positive_int, default=64)
+    parser.add_argument('--batch', type=cli.positive_int, default=4)
+    parser.add_argument('--iterations', type=cli.positive_int, default=5)
+    parser.add_argument('--warmup', type=cli.non_negative_int, default=2)
+    parser.add_argument('--rounds', type=cli.positive_int, default=2)
+    parser.add_argument('--parts', type=part_list, default=list(PARTS),
+                        help='all, or a comma-separated subset of ' +
+                             ','.join(PARTS))
+    return parser
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('--net', default='resnet152', choices=models.NETWORKS)
-    parser.add_argument('--image-size', type=int, default=64)
-    parser.add_argument('--batch', type=int, default=4)
-    parser.add_argument('--iterations', type=int, default=5)
-    parser.add_argument('--warmup', type=int, default=2)
-    parser.add_argument('--rounds', type=int, default=2)
-    parser.add_argument('--parts', default='1,2,3,4')
-    args = parser.parse_args(argv)
-    parts = set(args.parts.split(','))
+    args = build_parser().parse_args(argv)
+    cli.check_image_size(args.net, args.image_size)
+    parts = args.parts
     base = models.Classifier(models.get_model(args.net, seed=0))
-    print('{} at {} px, batch {} per device, {} measured iterations x {} '
-          'rounds (median)'.format(args.net, args.image_size, args.batch,
-                                   args.iterations, args.rounds))
-    if '1' in parts:
-        medians, timelines = compare(base, ['parallel', 'cgdp'], 2, args)
-        print('[1] 2 replicas: ParallelUpdater {:.3f} s, CGDP {:.3f} s, '
-              'CGDP/Parallel = {:.3f} (target <= 0.9)'.format(
+    print('{} at {} px, batch {} per replica, {} measured iterations x {} '
+          'rounds (median), {} cores'.format(
+              args.net, args.image_size, args.batch, args.iterations,
+              args.rounds, blas.cpu_cores()), flush=True)
+    if 'pairs' in parts:
+        medians, timelines = compare(
+            base, ['parallel', 'cgdp', 'cgdp-thread'], 2, args,
+            with_limit=True)
+        parallel = medians['parallel']
+        print('[pairs] 2 replicas: ParallelUpdater {:.3f} s, CGDP processes '
+              '{:.3f} s, CGDP threads {:.3f} s, limit (2 StandardUpdater '
+              'processes, 1 BLAS thread each, side by side) {:.3f} s'.format(
+                  parallel, medians['cgdp'], medians['cgdp-thread'],
+                  medians['limit']))
+        print('[pairs] CGDP processes / Parallel = {:.3f} (target <= 0.70); '
+              'threads / Parallel = {:.3f}; limit / Parallel = {:.3f}; '
+              'CGDP processes / limit = {:.3f} (target <= 1.15)'.format(
+                  medians['cgdp'] / parallel,
+                  medians['cgdp-thread'] / parallel,
+                  medians['limit'] / parallel,
+                  medians['cgdp'] / medians['limit']), flush=True)
+        exposed, alone = exposed_sync(timelines['cgdp'], args.warmup)
+        print('[pairs] exposed sync per iteration {:.4f} s; the last '
+              "chunk's sync alone {:.4f} s".format(exposed, alone),
+              flush=True)
+    if 'four' in parts:
+        medians, _ = compare(base, ['parallel', 'cgdp'], 4, args)
+        print('[four] 4 replicas: ParallelUpdater {:.3f} s, CGDP {:.3f} s, '
+              'CGDP/Parallel = {:.3f}'.format(
                   medians['parallel'], medians['cgdp'],
-                  medians['cgdp'] / medians['parallel']))
-        if '4' in parts:
-            summaries = timelines['cgdp'].iteration_summaries[args.warmup:]
-            exposed = statistics.median(s['exposed_sync'] for s in summaries)
-            last = [e for e in timelines['cgdp'].events
-                    if e.device == 'host' and e.chunk == 0 and
-                    e.iteration >= args.warmup and
-                    e.kind in ('reduce', 'update', 'h2d')]
-            per_iteration = {}
-            for e in last:
-                per_iteration[e.iteration] = per_iteration.get(
-                    e.iteration, 0.0) + (e.end - e.start)
-            alone = statistics.median(per_iteration.values())
-            print('[4] exposed sync per iteration {:.4f} s; last chunk\'s '
-                  'sync alone {:.4f} s; ratio {:.2f}'.format(
-                      exposed, alone, exposed / alone if alone else
-                      float('nan')))
-    if '2' in parts:
+                  medians['cgdp'] / medians['parallel']), flush=True)
+    if 'one' in parts:
         medians, _ = compare(base, ['standard', 'cgdp'], 1, args)
-        print('[2] 1 device: StandardUpdater {:.3f} s, CGDP {:.3f} s, '
+        print('[one] 1 replica: StandardUpdater {:.3f} s, CGDP {:.3f} s, '
               'CGDP/Standard = {:.3f} (target <= 1.05)'.format(
                   medians['standard'], medians['cgdp'],
-                  medians['cgdp'] / medians['standard']))
-    if '3' in parts:
+                  medians['cgdp'] / medians['standard']), flush=True)
+    if 'startup' in parts:
+        rows, hand_over, batch_bytes = startup_and_signals(base, args)
+        for mode, label in (('cgdp', 'processes'), ('cgdp-thread',
+                                                    'threads')):
+            first, later, round_trip, peak = rows[mode]
+            print('[startup] {}: first update {:.2f} s, later {:.3f} s; '
+                  'signal round trip {}; peak memory (PSS, all processes) '
+                  '{:.0f} MB'.format(
+                      label, first, later,
+                      '-' if round_trip is None else
+                      '{:.0f} us'.format(round_trip * 1e6), peak / 1e6))
+        print('[startup] sub-batch hand-over through shared memory: {:.2f} '
+              'ms per iteration for 2 replicas ({:.1f} MB)'.format(
+                  hand_over * 1e3, batch_bytes / 1e6), flush=True)
+    if 'host' in parts:
         model = models.get_model(args.net, seed=0)
         bandwidth, seconds, n_floats = accumulator_bandwidth(model)
         copy_bw = copy_bandwidth(n_floats)
-        print('[3] host accumulator, 4 slots + MomentumSGD over {:.1f} M '
+        print('[host] host accumulator, 4 slots + MomentumSGD over {:.1f} M '
               'parameters: {:.3f} s, {:.2f} GB/s effective; NumPy copy '
-              '{:.2f} GB/s; ratio {:.2f} (target >= 0.6)'.format(
+              '{:.2f} GB/s; ratio {:.2f}'.format(
                   n_floats / 1e6, seconds, bandwidth / 1e9, copy_bw / 1e9,
-                  bandwidth / copy_bw))
+                  bandwidth / copy_bw), flush=True)
 
 
 if __name__ == '__main__':
