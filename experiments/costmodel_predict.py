@@ -346,7 +346,7 @@ def write_notes(path, presets, cpu_nets):
             'results/profiles/)'),
         '',
         'predictions_multinode.csv: {} nodes of {} devices, batch {} per '
-        'device, interconnects {} (cgdp_chainer/hardware.py). ChainerMN: '
+        'device, interconnects {} (cgdp_chainer/costmodel/hardware.py). ChainerMN: '
         'the typical local sum on device 0, a ring all-reduce of all '
         'gradients across the nodes, update and spread; CGDP: each chunk '
         'all-reduced across the nodes between its local reduce and its '

@@ -49,8 +49,8 @@ def resolve_network(network, n_nodes):
 
     Args:
         network (str, Network or None): A preset name (``'ib-edr'``,
-            ``'ib-hdr'``) or a :class:`~cgdp_chainer.hardware.Network`;
-            ``None`` means :data:`cgdp_chainer.hardware.DEFAULT_NETWORK`.
+            ``'ib-hdr'``) or a :class:`~cgdp_chainer.costmodel.hardware.Network`;
+            ``None`` means :data:`cgdp_chainer.costmodel.hardware.DEFAULT_NETWORK`.
         n_nodes (int): Nodes (checked too).
 
     Returns:
@@ -192,7 +192,7 @@ def flops_profile(net, image_size=224, n_classes=1000, cache_path=None):
         image_size (int): Input side in pixels.
         n_classes (int): Classifier outputs.
         cache_path (str or None): FLOP cache file (see
-            :func:`cgdp_chainer.flops.cached_stage_costs`).
+            :func:`cgdp_chainer.costmodel.flops.cached_stage_costs`).
 
     Returns:
         dict: A profile for :func:`predict` and friends.
@@ -310,7 +310,7 @@ def stage_gil_seconds(seconds_1t, flops, blas_1t_flops):
         seconds_1t (float): The stage's time with one BLAS thread.
         flops (float): Its arithmetic (FLOPs of the whole batch).
         blas_1t_flops (float): FLOP/s of a matrix product on one thread
-            (:func:`cgdp_chainer.profiler.measure_blas_1t_flops`).
+            (:func:`cgdp_chainer.costmodel.profiler.measure_blas_1t_flops`).
 
     Returns:
         float: Seconds.
