@@ -10,6 +10,16 @@ MPIEXEC := $(VENV)/bin/mpiexec
 # `make experiment NET=... RANKS=2` runs one process per rank under MPI.
 LAUNCH := $(if $(RANKS),$(MPIEXEC) -launcher fork -n $(RANKS))
 
+# RANKS, when given, is a positive whole number: one word of digits only,
+# not starting with 0. Anything else stops make (status 2) before it runs.
+positive_int = $(and $(filter 1,$(words $(1))),$(filter-out 0%,$(1)),$(if $(call no_digits_of,$(1)),,yes))
+no_digits_of = $(strip $(subst 0,,$(subst 1,,$(subst 2,,$(subst 3,,$(subst 4,,$(subst 5,,$(subst 6,,$(subst 7,,$(subst 8,,$(subst 9,,$(1))))))))))))
+check_ranks = $(if $(RANKS),$(if $(call positive_int,$(RANKS)),,$(error RANKS=$(RANKS) is not a number of MPI ranks: give a positive integer such as RANKS=2, or leave RANKS out for one process)))
+# Checked when make reads the Makefile, before the venv is set up.
+ifneq ($(filter experiment,$(MAKECMDGOALS)),)
+$(check_ranks)
+endif
+
 .PHONY: install test test-py312 train experiment plot model validate-model benchmark gpu clean
 
 install: $(STAMP)
@@ -46,7 +56,8 @@ experiment: $(STAMP)
 		$(if $(IMAGE_SIZE),--image-size $(IMAGE_SIZE)) \
 		$(if $(ITERATIONS),--iterations $(ITERATIONS)) \
 		$(if $(WARMUP),--warmup $(WARMUP)) \
-		$(if $(CHUNK_SIZE),--chunk-size $(CHUNK_SIZE)) $(if $(OUT),--out $(OUT))
+		$(if $(CHUNK_SIZE),--chunk-size $(CHUNK_SIZE)) \
+		$(if $(MODES),--modes $(MODES)) $(if $(OUT),--out $(OUT))
 
 plot: $(STAMP)
 	$(PY) -m experiments.plot $(RUN)

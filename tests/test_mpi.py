@@ -378,36 +378,102 @@ def test_weak_scaling_under_two_ranks_writes_multi_rank_rows(mpiexec,
     assert job.output.count('\nmode ') == 1, job.output
 
 
+def processes_mentioning(text):
+    """Pids of the live processes whose command line contains ``text``."""
+    found = []
+    for entry in os.listdir('/proc'):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(os.path.join('/proc', entry, 'cmdline'), 'rb') as f:
+                command = f.read().decode(errors='replace')
+        except OSError:  # ended meanwhile
+            continue
+        if text in command:
+            found.append(int(entry))
+    return found
+
+
+def wait_for_rows(process, out, rows):
+    """Waits until the run's runs.csv holds ``rows`` rows (0: until the
+    run folder exists, during the first mode's set-up and warm-up).
+
+    Returns:
+        str: The run folder.
+    """
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()[0]
+        if os.path.isdir(os.path.join(out, 'alexnet')):
+            folder = only_run_folder(out)
+            runs_path = os.path.join(folder, results.RUNS_FILE)
+            if rows == 0:
+                return folder
+            if os.path.exists(runs_path):
+                with open(runs_path) as f:
+                    if len(f.readlines()) >= 1 + rows:
+                        return folder
+        time.sleep(0.1)
+    pytest.fail('no {} rows within {} s'.format(rows, JOB_TIMEOUT))
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_weak_scaling_under_two_ranks_ends_on_ctrl_c(mpiexec, tmp_path):
+@pytest.mark.parametrize('delivery', ['mpiexec', 'process group'])
+@pytest.mark.parametrize('rows_before', [0, 2])
+def test_weak_scaling_under_two_ranks_ends_on_ctrl_c(mpiexec, tmp_path,
+                                                     delivery, rows_before):
+    # 'mpiexec': kill -INT to mpiexec alone, which passes it on to the
+    # ranks; 'process group': a terminal's Ctrl-C, which every process of
+    # the job gets at once. Either way rank 0's files and closing lines
+    # must all be there, and the job must end by itself with status 130.
     out = str(tmp_path)
     process = start_job(mpiexec_module_command(
         N_RANKS, 'experiments.weak_scaling', *SMALL_MPI_EXPERIMENT,
-        '--modes', 'cgdp', '--iterations', '500', '--out', out))
+        '--modes', 'cgdp,chainermn', '--iterations', '500', '--out', out))
     try:
-        deadline = time.monotonic() + JOB_TIMEOUT
-        runs_path = None
-        while time.monotonic() < deadline:
-            if runs_path is None and os.path.isdir(
-                    os.path.join(out, 'alexnet')):
-                runs_path = os.path.join(only_run_folder(out),
-                                         results.RUNS_FILE)
-            if runs_path and os.path.exists(runs_path):
-                with open(runs_path) as f:
-                    if len(f.readlines()) >= 3:  # header + 2 rows
-                        break
-            assert process.poll() is None, process.communicate()[0]
-            time.sleep(0.2)
-        process.send_signal(signal.SIGINT)  # mpiexec forwards it
+        folder = wait_for_rows(process, out, rows_before)
+        if delivery == 'mpiexec':
+            process.send_signal(signal.SIGINT)
+        else:
+            os.killpg(process.pid, signal.SIGINT)
         output, _ = process.communicate(timeout=JOB_TIMEOUT)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
     assert process.returncode == 130, output
-    assert 'interrupted: kept the iterations that finished' in output
-    folder = os.path.dirname(runs_path)
+    # Rank 0's last lines: the table of what finished, then the verdict.
+    assert '\n{}\n'.format(folder) in output, output
+    runs = results.read_csv(os.path.join(folder, results.RUNS_FILE))
+    assert len(runs) >= rows_before and len(runs) < 500
+    if runs:
+        assert re.search(r'^mode +R +N +median_s', output,
+                         re.MULTILINE), output
+    else:
+        assert '\nno measured iteration finished\n' in output, output
+    assert output.rstrip().splitlines()[-1].startswith(
+        'interrupted: kept the iterations that finished (stopped by '
+        'SIGINT)'), output
+    assert 'MPI_Abort' not in output and 'BAD TERMINATION' not in output, \
+        output
+    assert processes_mentioning(out) == []
     summary = results.read_csv(os.path.join(folder, results.SUMMARY_FILE))
-    assert [(r['mode'], r['n_ranks']) for r in summary] == [('cgdp', 2)]
+    assert [(r['mode'], r['n_ranks']) for r in summary] == sorted(
+        {(r['mode'], r['n_ranks']) for r in runs},
+        key=lambda key: ['cgdp', 'chainermn'].index(key[0]))
     env = results.read_json(os.path.join(folder, results.ENV_FILE))
     assert env['interrupted'] is True and env['finished'] is False
+
+
+@pytest.mark.mpi
+def test_weak_scaling_under_two_ranks_refuses_bad_input_on_every_rank(
+        mpiexec, tmp_path):
+    out = str(tmp_path / 'results')
+    job = run_mpi_module('experiments.weak_scaling', *SMALL_MPI_EXPERIMENT,
+                         '--iterations', '1', '--chunk-size', '999',
+                         '--out', out)
+    assert job.returncode == 2, job.output
+    assert job.output.strip().splitlines() == [
+        "error: --chunk-size 999 is more than the 8 stages of alexnet; give "
+        "1 to 8, 'auto' or 'model'"], job.output
+    assert not os.path.exists(out)

@@ -210,6 +210,53 @@ def test_ctrl_c_keeps_what_finished(tmp_path):
     assert_valid_png(os.path.join(folder, plot.EFFICIENCY_PNG))
 
 
+@pytest.mark.slow
+def test_sigterm_to_make_experiment_keeps_what_finished(tmp_path):
+    # make passes its SIGTERM on to the experiment, which keeps what
+    # finished as after Ctrl-C and exits with 143 (128 + SIGTERM).
+    out = str(tmp_path / 'results')
+    process = subprocess.Popen(
+        ['make', '--no-print-directory', 'experiment', 'NET=alexnet',
+         'DEVICES=1', 'MODES=cgdp', 'ITERATIONS=200', 'WARMUP=1', 'BATCH=1',
+         'IMAGE_SIZE=64', 'OUT=' + out],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    try:
+        runs_path = None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert process.poll() is None, process.communicate()
+            if runs_path is None and os.path.isdir(
+                    os.path.join(out, 'alexnet')):
+                runs_path = os.path.join(only_folder(
+                    os.path.join(out, 'alexnet')), results.RUNS_FILE)
+            if runs_path and os.path.exists(runs_path):
+                with open(runs_path) as f:
+                    if len(f.readlines()) >= 3:  # header + 2 rows
+                        break
+            time.sleep(0.2)
+        process.send_signal(signal.SIGTERM)  # to make alone
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    # make reports the experiment's status, then ends by its own SIGTERM.
+    assert 'Error 143' in stderr, stderr
+    assert process.returncode in (-signal.SIGTERM, 128 + signal.SIGTERM)
+    assert 'Traceback' not in stderr
+    assert stdout.rstrip().splitlines()[-1].startswith(
+        'interrupted: kept the iterations that finished (stopped by '
+        'SIGTERM)'), stdout
+    folder = os.path.dirname(runs_path)
+    runs = results.read_csv(runs_path)
+    assert 2 <= len(runs) < 200
+    summary = results.read_csv(os.path.join(folder, results.SUMMARY_FILE))
+    assert [(r['mode'], r['n_devices']) for r in summary] == [('cgdp', 1)]
+    assert '\n{}\nmode '.format(folder) in stdout, stdout
+    env = results.read_json(os.path.join(folder, results.ENV_FILE))
+    assert env['interrupted'] is True and env['finished'] is False
+
+
 # ------------------------------------------------------------- bad input
 
 def test_unknown_network_lists_the_names():
@@ -237,6 +284,76 @@ def test_image_too_small_for_the_network():
     completed = run_module('experiments.weak_scaling', '--net', 'resnet152',
                            '--image-size', '32')
     assert_usage_error(completed, 'resnet152', '64')
+
+
+TINY = ['--net', 'alexnet', '--devices', '1', '--iterations', '1',
+        '--warmup', '0', '--image-size', '64', '--batch', '1',
+        '--classes', '4']
+
+
+def assert_refused_before_any_run(completed, out, *fragments):
+    """A usage error (see assert_usage_error) and no trace of a run: no
+    plan printed, no results root created."""
+    assert_usage_error(completed, *fragments)
+    assert completed.stdout == '', completed.stdout
+    assert not os.path.exists(out), os.listdir(out)
+
+
+def test_chunk_size_beyond_the_stages_is_refused_before_any_mode(tmp_path):
+    out = str(tmp_path / 'results')
+    completed = run_module('experiments.weak_scaling', *TINY,
+                           '--chunk-size', '999', '--out', out)
+    assert_refused_before_any_run(
+        completed, out, '--chunk-size 999', 'the 8 stages of alexnet',
+        "1 to 8, 'auto' or 'model'")
+
+
+def test_stage_count_is_the_networks_own():
+    import models
+    # The limit that the refusal names is the network's own stage count.
+    assert models.n_stages('alexnet') == len(models.get_model(
+        'alexnet', n_classes=2).stages) == 8
+
+
+@pytest.mark.parametrize('where', ['file', 'under a file'])
+def test_out_that_cannot_hold_results_is_refused_before_any_mode(tmp_path,
+                                                                 where):
+    blocker = tmp_path / 'a-file'
+    blocker.write_text('not a folder')
+    out = str(blocker if where == 'file' else blocker / 'results')
+    completed = run_module('experiments.weak_scaling', *TINY, '--out', out)
+    assert_usage_error(completed, '--out {}'.format(out))
+    assert completed.stdout == '', completed.stdout
+    assert blocker.read_text() == 'not a folder'
+    assert os.listdir(str(tmp_path)) == ['a-file']
+
+
+def test_a_run_with_nothing_to_measure_is_an_error(tmp_path):
+    out = str(tmp_path / 'results')
+    completed = run_module('experiments.weak_scaling', *TINY,
+                           '--device-kind', 'cpu', '--modes', 'nccl',
+                           '--out', out)
+    assert_refused_before_any_run(
+        completed, out, 'nothing to measure', 'nccl at N=1: needs GPUs',
+        '--modes can be typical, cgdp')
+
+
+@pytest.mark.parametrize('ranks', ['0', 'x', '-1', '2x'])
+def test_makefile_refuses_a_rank_count_that_is_not_positive(tmp_path,
+                                                            ranks):
+    out = str(tmp_path / 'results')
+    completed = subprocess.run(
+        ['make', '--no-print-directory', 'experiment', 'NET=alexnet',
+         'RANKS=' + ranks, 'DEVICES=1', 'ITERATIONS=1', 'WARMUP=0',
+         'BATCH=1', 'IMAGE_SIZE=64', 'OUT=' + out],
+        cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 2, (completed.stdout, completed.stderr)
+    lines = completed.stderr.strip().splitlines()
+    assert len(lines) == 1, completed.stderr
+    assert 'RANKS={} is not a number of MPI ranks'.format(ranks) in lines[0]
+    assert 'positive integer' in lines[0]
+    assert completed.stdout == ''
+    assert not os.path.exists(out)
 
 
 def test_plot_of_a_missing_folder(tmp_path):
