@@ -17,6 +17,10 @@ if REPO_ROOT not in sys.path:
 
 import cgdp_chainer  # NOQA: E402  (its compat module must precede Chainer)
 from cgdp_chainer import mpi as cgdp_mpi  # NOQA: E402
+import chainer  # NOQA: E402
+import chainer.functions as F  # NOQA: E402
+import chainer.links as L  # NOQA: E402
+import numpy  # NOQA: E402
 
 
 # A hung job dumps every thread's stack and exits after this many seconds,
@@ -88,34 +92,33 @@ def staged_mlp(sizes=(6, 10, 9, 3), seed=0):
     Weights come from ``seed``: every rank and every reference built with
     the same seed starts from the same parameters.
     """
-    import chainer
-    import chainer.functions as F
     import chainer.links as L
-    import numpy
+    return L.Classifier(StagedMLP(sizes, seed))
 
-    class StagedMLP(chainer.Chain):
 
-        def __init__(self):
-            super(StagedMLP, self).__init__()
-            random = numpy.random.RandomState(seed)
-            with self.init_scope():
-                self.layers = chainer.ChainList(*[
-                    L.Linear(n_in, n_out, initialW=random.normal(
-                        0, 0.5, (n_out, n_in)).astype(numpy.float32))
-                    for n_in, n_out in zip(sizes, sizes[1:])])
+class StagedMLP(chainer.Chain):
+    """Linear layers with ReLUs between them, one stage each (at module
+    level: CGDP's worker processes unpickle it)."""
 
-        @property
-        def stages(self):
-            stages = []
-            for index, layer in enumerate(self.layers):
-                if index:
-                    stages.append(F.relu)
-                stages.append(layer)
-            return stages
+    def __init__(self, sizes, seed):
+        super(StagedMLP, self).__init__()
+        random = numpy.random.RandomState(seed)
+        with self.init_scope():
+            self.layers = chainer.ChainList(*[
+                L.Linear(n_in, n_out, initialW=random.normal(
+                    0, 0.5, (n_out, n_in)).astype(numpy.float32))
+                for n_in, n_out in zip(sizes, sizes[1:])])
 
-        def forward(self, x):
-            for stage in self.stages:
-                x = stage(x)
-            return x
+    @property
+    def stages(self):
+        stages = []
+        for index, layer in enumerate(self.layers):
+            if index:
+                stages.append(F.relu)
+            stages.append(layer)
+        return stages
 
-    return L.Classifier(StagedMLP())
+    def forward(self, x):
+        for stage in self.stages:
+            x = stage(x)
+        return x
