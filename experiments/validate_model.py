@@ -312,12 +312,12 @@ def main(argv=None):
         cli.check_image_size(args.net, image_size)
         out_dir = own_dir
         cli.check_output_folder('the measurement folder', out_dir)
-        print('no summary.csv for {} under {}/: measuring typical and CGDP '
+        print('measuring {} in this sitting: typical and CGDP ({} workers) '
               'at N={} (batch {}, {} px, {} iterations after {} warm-up) '
-              'into {}'.format(args.net, args.results,
-                               ','.join(map(str, args.devices)), batch,
-                               image_size, args.iterations, args.warmup,
-                               out_dir), flush=True)
+              'into {}, then profiling'.format(
+                  args.net, workers, ','.join(map(str, args.devices)),
+                  batch, image_size, args.iterations, args.warmup, out_dir),
+              flush=True)
         summary, chunk_sizes = measure(args.net, args.devices, batch,
                                        image_size, args.iterations,
                                        args.warmup, out_dir)

@@ -1186,3 +1186,23 @@ def test_validate_model_refuses_an_out_in_a_file(tmp_path, capsys):
                              str(blocker / 'table.csv')])
     assert info.value.code == 2
     assert capsys.readouterr().err.startswith('error: --out')
+
+
+def test_cpu_worker_processes_copy_gradients_before_their_next_backward():
+    # Two stages of 1 s forward and 1 s backward with 1 GB of parameters
+    # each, memcpy at 1 GB/s. A worker process copies a chunk's gradients
+    # into its shared slots (1 s) before the next chunk's backward: 2 + 1
+    # + 1 + 1 + 1 = 6 s; threads hand them over by reference: 4 s.
+    profile = cpu_profile(cores=2)
+    profile['stages'] = [dict(profile['stages'][0], param_bytes=10 ** 9,
+                              param_arrays=1) for _ in range(2)]
+    hw = hardware.get_hardware('this-cpu', profile).replace(
+        host_chunk_overhead_s=0.0)
+    work = costmodel.build_workload(profile, hw, 1)
+    for workers, expected in (('process', 6.0), ('thread', 4.0)):
+        assert costmodel.simulate_cgdp(work, hw, 1, 1, workers=workers
+                                       ).iteration_s == pytest.approx(
+                                           expected)
+        assert costmodel.cgdp_closed_form(work, hw, 1, 1,
+                                          workers=workers) == \
+            pytest.approx(expected)

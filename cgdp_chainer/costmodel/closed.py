@@ -200,6 +200,13 @@ def cgdp_phases(workload, hardware, n_devices, chunk_size, n_nodes=1,
     caps = topology.capacities(hardware, n_devices)
     if hardware.kind == 'cpu' and workers == 'thread':
         d2h_rate = h2d_rate = math.inf
+    elif hardware.kind == 'cpu':
+        # Worker processes copy gradients into shared slots and read the
+        # weights in place (see simulate.simulate_cgdp).
+        d2h_rate = min(topology.concurrent_rates(hardware, caps, [
+            topology.host_path(hardware, i, 'd2h')
+            for i in range(n_devices)]))
+        h2d_rate = math.inf
     else:
         d2h_rate = min(topology.concurrent_rates(hardware, caps, [
             topology.host_path(hardware, i, 'd2h') for i in range(n_devices)]))
@@ -218,9 +225,17 @@ def cgdp_phases(workload, hardware, n_devices, chunk_size, n_nodes=1,
         arrays = sum(workload.param_arrays[a:b])
         latency = arrays * hardware.copy_latency_s if (
             n_bytes > 0 and math.isfinite(d2h_rate)) else 0.0
+        d2h_s = latency + n_bytes / d2h_rate
+        h2d_s = (latency + n_bytes / h2d_rate) if math.isfinite(
+            h2d_rate) else 0.0
+        backward_s = chunk_backward[index]
+        if hardware.kind == 'cpu':
+            # The replica copies before its next backward: one sequence.
+            backward_s += d2h_s
+            d2h_s = 0.0
         phases['chunks'].append((a, b))
-        phases['backward'].append(chunk_backward[index])
-        phases['d2h'].append(latency + n_bytes / d2h_rate)
+        phases['backward'].append(backward_s)
+        phases['d2h'].append(d2h_s)
         if n_nodes > 1:
             reduce_s, update_s = costs.host_job_parts(
                 workload, hardware, n_devices, arrays, n_bytes)
@@ -232,7 +247,7 @@ def cgdp_phases(workload, hardware, n_devices, chunk_size, n_nodes=1,
                 workload, hardware, n_devices, arrays, n_bytes))
         phases['allreduce'].append(costs.ring_allreduce_seconds(
             n_bytes, n_nodes, network))
-        phases['h2d'].append(latency + n_bytes / h2d_rate)
+        phases['h2d'].append(h2d_s)
     return phases
 
 

@@ -49,8 +49,9 @@ def resolve_network(network, n_nodes):
 
     Args:
         network (str, Network or None): A preset name (``'ib-edr'``,
-            ``'ib-hdr'``) or a :class:`~cgdp_chainer.costmodel.hardware.Network`;
-            ``None`` means :data:`cgdp_chainer.costmodel.hardware.DEFAULT_NETWORK`.
+            ``'ib-hdr'``) or a
+            :class:`~cgdp_chainer.costmodel.hardware.Network`; ``None``
+            means :data:`cgdp_chainer.costmodel.hardware.DEFAULT_NETWORK`.
         n_nodes (int): Nodes (checked too).
 
     Returns:

@@ -53,12 +53,15 @@ def iteration_result(tasks, iterations, compute_s):
 
 
 def add_transfer(sim, hardware, caps, kind, device, chunk, iteration, path,
-                 n_bytes, arrays, deps, exclusive):
+                 n_bytes, arrays, deps, exclusive, extra_demands=None):
     """Adds a copy of ``n_bytes`` in ``arrays`` calls over ``path`` (one
-    copy call per parameter array, as the runtime and Chainer issue them).
+    copy call per parameter array, as the runtime and Chainer issue them);
+    ``extra_demands`` are other shared resources it uses (a CPU copy's
+    core).
     """
     rate = topology.standalone_rate(hardware, caps, path)
     demands = {resource: rate * use for resource, use in path.items()}
+    demands.update(extra_demands or {})
     latency = arrays * hardware.copy_latency_s if n_bytes > 0 else 0.0
     return sim.add(kind, device, chunk, iteration, n_bytes / rate, deps,
                    latency=latency, exclusive=exclusive, demands=demands)
@@ -272,8 +275,9 @@ def simulate_cgdp(workload, hardware, n_devices, chunk_size, iterations=2,
         n_nodes (int): Nodes; 1 is the single-node model, unchanged.
         network (str, Network or None): See :func:`inputs.resolve_network`.
         workers (str): ``'process'`` (one process per replica: their
-            host-side time runs in parallel; CPU replicas copy gradients
-            into and weights out of shared memory) or ``'thread'`` (threads
+            host-side time runs in parallel; CPU replicas copy their
+            gradients into shared slots and read the master's weights
+            there) or ``'thread'`` (threads
             of one process: their host-side time shares one interpreter
             lock with each other and the host threads; CPU replicas hand
             gradients over by reference).
@@ -393,6 +397,16 @@ def simulate_cgdp(workload, hardware, n_devices, chunk_size, iterations=2,
                     # Zero-copy hand-over: the host reads the replica's
                     # gradient arrays where they are.
                     delivered[c].append(previous)
+                elif cpu:
+                    # A worker process copies the chunk's gradients into
+                    # its shared slots itself, on its core, before its next
+                    # backward.
+                    previous = add_transfer(
+                        sim, hardware, caps, 'd2h', i, c, it,
+                        topology.host_path(hardware, i, 'd2h'),
+                        chunk_bytes[c], chunk_arrays[c], [previous],
+                        'copy_out[{}]'.format(i), {'cores': 1.0})
+                    delivered[c].append(previous)
                 else:
                     delivered[c].append(add_transfer(
                         sim, hardware, caps, 'd2h', i, c, it,
@@ -420,7 +434,9 @@ def simulate_cgdp(workload, hardware, n_devices, chunk_size, iterations=2,
                                delivered[c], exclusive='host',
                                demands=host_job_demands[c])
             for i in range(n_devices):
-                if zero_copy:
+                if cpu:
+                    # Threads read the master's arrays; worker processes
+                    # read them in shared memory: no copy back.
                     params_ready[i][c] = host
                 else:
                     params_ready[i][c] = add_transfer(
