@@ -45,18 +45,14 @@ import chainer  # NOQA: the caller (cgdp_chainer) imported the compat first
 from chainer import optimizer_hooks
 from chainer import optimizers
 
-try:
-    import numba
-except Exception:  # ImportError, or numba refusing this NumPy version
-    numba = None
-
 BACKENDS = ('auto', 'numba', 'numpy')
 
 # Elements per block: the block's gradient buffer (and, for the NumPy backend,
 # its temporaries) stay in L1/L2 while the slots, parameter and state stream
 # through once.
-NUMBA_BLOCK = 2048
 NUMPY_BLOCK = 1 << 14
+# Slot tuples shorter than this are padded to it (see HostUpdate.update).
+SLOT_TUPLE = 4
 # Below this many elements a chunk runs on the calling thread: handing pieces
 # to other threads would cost more than it saves.
 MIN_SPLIT = 1 << 16
@@ -66,8 +62,21 @@ _WEIGHT_DECAY, _LASSO, _HARD_CLIP = 0, 1, 2
 
 
 def numba_available():
-    """Whether the ``'numba'`` backend can be used here."""
-    return numba is not None
+    """Whether the ``'numba'`` backend can be used here (imports numba)."""
+    return _numba_kernels() is not None
+
+
+def _numba_kernels():
+    if not _numba_import:
+        try:
+            from cgdp_chainer.runtime import host_kernels
+            _numba_import.append(host_kernels)
+        except Exception:  # ImportError, or numba refusing this NumPy
+            _numba_import.append(None)
+    return _numba_import[0]
+
+
+_numba_import = []
 
 
 def resolve_backend(backend):
@@ -137,7 +146,7 @@ def hook_program(pre, post):
             numpy.array(args, dtype=numpy.float32).reshape(len(codes), 2))
 
 
-# -- the NumPy backend ---------------------------------------------------------
+# -- the NumPy backend --------------------------------------------------------
 
 class _NumpyBlocks(object):
     """Per-call scratch buffers of the NumPy backend (in cache)."""
@@ -148,15 +157,17 @@ class _NumpyBlocks(object):
         self.u = numpy.empty(NUMPY_BLOCK, numpy.float32)
 
 
-def _numpy_gradient(buf, n, blk, p, slots, weights, weighted, codes, args):
+def _numpy_gradient(buf, n, blk, p, slots, n_slots, weights, weighted, codes,
+                    args):
     g, t = buf.g[:n], buf.t[:n]
+    slots = slots[:n_slots]
     if weighted:
         numpy.multiply(slots[0][blk], weights[0], out=g)
         for slot, weight in zip(slots[1:], weights[1:]):
             numpy.multiply(slot[blk], weight, out=t)
             numpy.add(g, t, out=g)
     else:
-        if len(slots) == 1:
+        if n_slots == 1:
             numpy.copyto(g, slots[0][blk])
         else:
             numpy.add(slots[0][blk], slots[1][blk], out=g)
@@ -177,25 +188,26 @@ def _numpy_gradient(buf, n, blk, p, slots, weights, weighted, codes, args):
     return g
 
 
-def _numpy_sgd(p, slots, weights, weighted, codes, args, begin, end, lr):
+def _numpy_sgd(p, slots, n_slots, weights, weighted, codes, args, begin, end,
+               lr):
     buf = _NumpyBlocks()
     for start in range(begin, end, NUMPY_BLOCK):
         n = min(NUMPY_BLOCK, end - start)
         blk = slice(start, start + n)
-        g = _numpy_gradient(buf, n, blk, p, slots, weights, weighted, codes,
-                            args)
+        g = _numpy_gradient(buf, n, blk, p, slots, n_slots, weights,
+                            weighted, codes, args)
         numpy.multiply(g, lr, out=g)
         numpy.subtract(p[blk], g, out=p[blk])
 
 
-def _numpy_momentum(p, slots, weights, weighted, codes, args, begin, end, v,
-                    lr, momentum):
+def _numpy_momentum(p, slots, n_slots, weights, weighted, codes, args, begin,
+                    end, v, lr, momentum):
     buf = _NumpyBlocks()
     for start in range(begin, end, NUMPY_BLOCK):
         n = min(NUMPY_BLOCK, end - start)
         blk = slice(start, start + n)
-        g = _numpy_gradient(buf, n, blk, p, slots, weights, weighted, codes,
-                            args)
+        g = _numpy_gradient(buf, n, blk, p, slots, n_slots, weights,
+                            weighted, codes, args)
         vb, t = buf.u[:n], buf.t[:n]
         numpy.multiply(v[blk], momentum, out=vb)
         numpy.multiply(g, lr, out=t)
@@ -203,14 +215,14 @@ def _numpy_momentum(p, slots, weights, weighted, codes, args, begin, end, v,
         numpy.add(p[blk], v[blk], out=p[blk])
 
 
-def _numpy_nesterov(p, slots, weights, weighted, codes, args, begin, end, v,
-                    lr, momentum, k_v, k_g):
+def _numpy_nesterov(p, slots, n_slots, weights, weighted, codes, args, begin,
+                    end, v, lr, momentum, k_v, k_g):
     buf = _NumpyBlocks()
     for start in range(begin, end, NUMPY_BLOCK):
         n = min(NUMPY_BLOCK, end - start)
         blk = slice(start, start + n)
-        g = _numpy_gradient(buf, n, blk, p, slots, weights, weighted, codes,
-                            args)
+        g = _numpy_gradient(buf, n, blk, p, slots, n_slots, weights,
+                            weighted, codes, args)
         vb, t = buf.u[:n], buf.t[:n]
         numpy.multiply(v[blk], momentum, out=vb)
         numpy.multiply(g, lr, out=t)
@@ -223,15 +235,15 @@ def _numpy_nesterov(p, slots, weights, weighted, codes, args, begin, end, v,
         numpy.subtract(vb, t, out=pb)
 
 
-def _numpy_adam(p, slots, weights, weighted, codes, args, begin, end, m, v,
-                vhat, c1, c2, alpha_t, eps, amsgrad, adabound, lower, upper,
-                decay, a, b):
+def _numpy_adam(p, slots, n_slots, weights, weighted, codes, args, begin, end,
+                m, v, vhat, c1, c2, alpha_t, eps, amsgrad, adabound, lower,
+                upper, decay, a, b):
     buf = _NumpyBlocks()
     for start in range(begin, end, NUMPY_BLOCK):
         n = min(NUMPY_BLOCK, end - start)
         blk = slice(start, start + n)
-        g = _numpy_gradient(buf, n, blk, p, slots, weights, weighted, codes,
-                            args)
+        g = _numpy_gradient(buf, n, blk, p, slots, n_slots, weights,
+                            weighted, codes, args)
         t, u = buf.t[:n], buf.u[:n]
         mb, vb = m[blk], v[blk]
         numpy.subtract(g, mb, out=t)
@@ -261,183 +273,19 @@ def _numpy_adam(p, slots, weights, weighted, codes, args, begin, end, m, v,
             numpy.add(pb, t, out=pb)
 
 
-# -- the numba backend ---------------------------------------------------------
-
-if numba is not None:
-    # Loops index slices from 0 so that LLVM sees non-negative indices,
-    # drops numba's wraparound checks and vectorizes them.
-    _jit = numba.njit(nogil=True, cache=True, error_model='numpy')
-
-    @_jit
-    def _nb_gradient(g, n, start, p, slots, weights, weighted, codes, args):
-        stop = start + n
-        s = slots[0][start:stop]
-        k = 1
-        if weighted:
-            w = weights[0]
-            for j in range(n):
-                g[j] = s[j] * w
-            while k < len(slots):
-                s = slots[k][start:stop]
-                w = weights[k]
-                for j in range(n):
-                    g[j] = g[j] + s[j] * w
-                k += 1
-        else:
-            if len(slots) == 1:
-                for j in range(n):
-                    g[j] = s[j]
-            else:
-                t = slots[1][start:stop]
-                for j in range(n):
-                    g[j] = s[j] + t[j]
-                k = 2
-            # Two slots per pass over the block, in the same order.
-            while k + 1 < len(slots):
-                s = slots[k][start:stop]
-                t = slots[k + 1][start:stop]
-                for j in range(n):
-                    g[j] = (g[j] + s[j]) + t[j]
-                k += 2
-            if k < len(slots):
-                s = slots[k][start:stop]
-                for j in range(n):
-                    g[j] = g[j] + s[j]
-            w = weights[0]
-            if w != 1:
-                for j in range(n):
-                    g[j] = g[j] * w
-        pb = p[start:stop]
-        for h in range(codes.shape[0]):
-            code = codes[h]
-            a = args[h, 0]
-            b = args[h, 1]
-            if code == 0:
-                for j in range(n):
-                    g[j] = g[j] + pb[j] * a
-            elif code == 1:
-                for j in range(n):
-                    x = pb[j]
-                    if x > 0:
-                        g[j] = g[j] + a
-                    elif x < 0:
-                        g[j] = g[j] - a
-                    elif x != x:
-                        g[j] = g[j] + x
-            else:
-                for j in range(n):
-                    x = g[j]
-                    if x < a:
-                        x = a
-                    if x > b:
-                        x = b
-                    g[j] = x
-
-    @_jit
-    def _nb_sgd(p, slots, weights, weighted, codes, args, begin, end, lr):
-        g = numpy.empty(NUMBA_BLOCK, numpy.float32)
-        for start in range(begin, end, NUMBA_BLOCK):
-            n = min(NUMBA_BLOCK, end - start)
-            _nb_gradient(g, n, start, p, slots, weights, weighted, codes,
-                         args)
-            pb = p[start:start + n]
-            for j in range(n):
-                pb[j] = pb[j] - g[j] * lr
-
-    @_jit
-    def _nb_momentum_sgd(p, slots, weights, weighted, codes, args, begin,
-                         end, v, lr, momentum):
-        g = numpy.empty(NUMBA_BLOCK, numpy.float32)
-        for start in range(begin, end, NUMBA_BLOCK):
-            n = min(NUMBA_BLOCK, end - start)
-            _nb_gradient(g, n, start, p, slots, weights, weighted, codes,
-                         args)
-            pb = p[start:start + n]
-            vb = v[start:start + n]
-            for j in range(n):
-                vj = vb[j] * momentum - g[j] * lr
-                vb[j] = vj
-                pb[j] = pb[j] + vj
-
-    @_jit
-    def _nb_nesterov(p, slots, weights, weighted, codes, args, begin, end,
-                     v, lr, momentum, k_v, k_g):
-        g = numpy.empty(NUMBA_BLOCK, numpy.float32)
-        for start in range(begin, end, NUMBA_BLOCK):
-            n = min(NUMBA_BLOCK, end - start)
-            _nb_gradient(g, n, start, p, slots, weights, weighted, codes,
-                         args)
-            pb = p[start:start + n]
-            vb = v[start:start + n]
-            for j in range(n):
-                vj = vb[j] * momentum - g[j] * lr
-                vb[j] = vj
-                pb[j] = (pb[j] + vj * k_v) - g[j] * k_g
-
-    @_jit
-    def _nb_adam_block(g, r, n, pb, mb, vb, hb, c1, c2, alpha_t, eps,
-                       amsgrad, adabound, lower, upper, decay, a, b):
-        # Branch-free passes over the block (the flags are tested outside
-        # the loops), so that each loop vectorizes; r holds the step.
-        for j in range(n):
-            gj = g[j]
-            mj = mb[j]
-            mb[j] = mj + (gj - mj) * c1
-            vj = vb[j]
-            vb[j] = vj + (gj * gj - vj) * c2
-        if amsgrad:
-            for j in range(n):
-                hj = hb[j]
-                vj = vb[j]
-                # numpy.maximum: a NaN on either side wins.
-                hj = hj if hj >= vj or hj != hj else vj
-                hb[j] = hj
-                r[j] = alpha_t / (numpy.sqrt(hj) + eps)
-        else:
-            for j in range(n):
-                r[j] = alpha_t / (numpy.sqrt(vb[j]) + eps)
-        if adabound:
-            for j in range(n):
-                x = r[j]
-                x = lower if x < lower else x
-                r[j] = upper if x > upper else x
-        if decay:
-            for j in range(n):
-                pb[j] = pb[j] * a + (r[j] * mb[j]) * b
-        else:
-            for j in range(n):
-                pb[j] = pb[j] + (r[j] * mb[j]) * b
-
-    @_jit
-    def _nb_adam(p, slots, weights, weighted, codes, args, begin, end, m, v,
-                 vhat, c1, c2, alpha_t, eps, amsgrad, adabound, lower, upper,
-                 decay, a, b):
-        g = numpy.empty(NUMBA_BLOCK, numpy.float32)
-        r = numpy.empty(NUMBA_BLOCK, numpy.float32)
-        for start in range(begin, end, NUMBA_BLOCK):
-            n = min(NUMBA_BLOCK, end - start)
-            _nb_gradient(g, n, start, p, slots, weights, weighted, codes,
-                         args)
-            stop = start + n
-            _nb_adam_block(g, r, n, p[start:stop], m[start:stop],
-                           v[start:stop], vhat[start:stop], c1, c2, alpha_t,
-                           eps, amsgrad, adabound, lower, upper, decay, a, b)
-
-
 _NUMPY_KERNELS = {'sgd': _numpy_sgd, 'momentum_sgd': _numpy_momentum,
                   'nesterov': _numpy_nesterov, 'adam': _numpy_adam}
-_NUMBA_KERNELS = {} if numba is None else {
-    'sgd': _nb_sgd, 'momentum_sgd': _nb_momentum_sgd,
-    'nesterov': _nb_nesterov, 'adam': _nb_adam}
 
 
 def kernels(backend):
     """The four fused kernels of ``backend`` (``'numba'`` or ``'numpy'``);
     numba compiles each on its first call (and caches it on disk)."""
-    return _NUMPY_KERNELS if backend == 'numpy' else _NUMBA_KERNELS
+    if backend == 'numpy':
+        return _NUMPY_KERNELS
+    return _numba_kernels().KERNELS
 
 
-# -- one class per rule --------------------------------------------------------
+# -- one class per rule -------------------------------------------------------
 
 def _f32(x):
     return numpy.float32(x)
@@ -582,7 +430,7 @@ def fused_rule_for(optimizer):
     return None if rule_class is None else rule_class()
 
 
-# -- threads ---------------------------------------------------------------------
+# -- threads ------------------------------------------------------------------
 
 class BlockPool(object):
     """Runs the pieces of one chunk on the host's cores.
@@ -652,7 +500,7 @@ def _run_group(group):
         call(begin, end)
 
 
-# -- what the accumulator uses --------------------------------------------------
+# -- what the accumulator uses ------------------------------------------------
 
 class HostUpdate(object):
     """The fused reduce and update of one optimizer on the host.
@@ -670,8 +518,8 @@ class HostUpdate(object):
         self.fused_rule = fused_rule
         self.backend = resolve_backend(backend)
         self._kernel = kernels(self.backend)[fused_rule.kernel_name]
-        self._block = (NUMBA_BLOCK if self.backend == 'numba'
-                       else NUMPY_BLOCK)
+        self._block = (_numba_kernels().NUMBA_BLOCK
+                       if self.backend == 'numba' else NUMPY_BLOCK)
         if n_threads is None:
             n_threads = max(1, os.cpu_count() or 1)
         self._pool = BlockPool(n_threads)
@@ -723,9 +571,14 @@ class HostUpdate(object):
             state, scalars = self.fused_rule.scalars(param.update_rule)
             p = param.array.reshape(-1)
             flat = tuple(g.reshape(-1) for g in grads)
+            n_slots = len(flat)
+            if n_slots < SLOT_TUPLE:
+                # numba compiles a kernel per tuple length: padding to one
+                # length (the kernel reads only n_slots) compiles it once.
+                flat += (flat[0],) * (SLOT_TUPLE - n_slots)
             state = tuple(s.reshape(-1) for s in state)
-            jobs.append((_Job(kernel, p, flat, weights, weighted, codes,
-                              args, state, scalars), p.size))
+            jobs.append((_Job(kernel, p, flat, n_slots, weights, weighted,
+                              codes, args, state, scalars), p.size))
         self._pool.run(jobs, self._block)
 
     def close(self):
@@ -736,10 +589,10 @@ class HostUpdate(object):
 class _Job(object):
     """One parameter's kernel call over a range of its elements."""
 
-    def __init__(self, kernel, p, slots, weights, weighted, codes, args,
-                 state, scalars):
+    def __init__(self, kernel, p, slots, n_slots, weights, weighted, codes,
+                 args, state, scalars):
         self.kernel = kernel
-        self.head = (p, slots, weights, weighted, codes, args)
+        self.head = (p, slots, n_slots, weights, weighted, codes, args)
         self.tail = state + scalars
 
     def __call__(self, begin, end):
@@ -779,7 +632,7 @@ def make_host_update(optimizer, n_threads=None, backend=None):
                       backend=backend)
 
 
-# -- the cost model's measurement ----------------------------------------------
+# -- the cost model's measurement ---------------------------------------------
 
 OPTIMIZERS = {
     'sgd': lambda: optimizers.SGD(lr=0.01),
