@@ -45,6 +45,7 @@ matplotlib.use('Agg')  # files only
 import matplotlib.pyplot as plt  # NOQA: E402
 
 from cgdp_chainer import costmodel  # NOQA: E402
+from cgdp_chainer import files  # NOQA: E402
 from cgdp_chainer.costmodel import hardware  # NOQA: E402
 from experiments import results  # NOQA: E402
 
@@ -168,6 +169,16 @@ def predict_multinode_rows(net, profile, preset, network,
     return rows
 
 
+def save_figure(fig, path):
+    """Writes ``fig`` to ``path`` atomically (a crash leaves the previous
+    figure) and closes it."""
+    try:
+        with files.atomic_path(path) as temporary:
+            fig.savefig(temporary, dpi=110, format='png')
+    finally:
+        plt.close(fig)
+
+
 def _round(value):
     """Six significant digits: the model is not more precise than that
     (``None``, a scheme the preset cannot run, stays ``None``)."""
@@ -225,8 +236,7 @@ def plot_efficiency(rows, nets, presets, path, batch=FIGURE_BATCH):
     fig.suptitle('Predicted weak-scaling efficiency, batch {} per device '
                  '({} workers)'.format(batch, FIGURE_WORKERS), fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_speedup(rows, nets, presets, path):
@@ -267,8 +277,7 @@ def plot_speedup(rows, nets, presets, path):
     fig.suptitle('Predicted speedup of CGDP ({} workers)'.format(
         FIGURE_WORKERS), fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_multinode_efficiency(rows, nets, presets, networks, path):
@@ -317,8 +326,7 @@ def plot_multinode_efficiency(rows, nets, presets, networks, path):
     fig.suptitle('Predicted multi-node weak-scaling efficiency (vs 1 device), '
                  'batch {} per device'.format(MULTINODE_BATCH), fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def write_notes(path, presets, cpu_nets):
@@ -359,7 +367,7 @@ def write_notes(path, presets, cpu_nets):
             MULTINODE_BATCH, ', '.join(hardware.NETWORK_PRESETS)),
         'What the model leaves out: docs/COSTMODEL.md.',
     ]
-    with open(path, 'w') as f:
+    with files.atomic_write(path) as f:
         f.write('\n'.join(lines) + '\n')
 
 
