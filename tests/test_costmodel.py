@@ -1206,3 +1206,25 @@ def test_cpu_worker_processes_copy_gradients_before_their_next_backward():
         assert costmodel.cgdp_closed_form(work, hw, 1, 1,
                                           workers=workers) == \
             pytest.approx(expected)
+
+
+def test_profile_counts_forward_and_backward_calls():
+    from cgdp_chainer.costmodel import profiler
+    from staged_models import StagedMLP
+    target = L.Classifier(StagedMLP())
+    x = numpy.ones((2, 6), dtype=numpy.float32)
+    t = numpy.zeros(2, dtype=numpy.int32)
+    calls = profiler.count_calls(target, (x, t))
+    # Linear, ReLU, Linear, ReLU, Linear, ReLU, Linear (+ the loss and
+    # accuracy with the last stage); every call that builds the graph has
+    # a backward (accuracy does not).
+    assert [f for f, _ in calls[:6]] == [1, 1, 1, 1, 1, 1]
+    assert [b for _, b in calls[:6]] == [1, 1, 1, 1, 1, 1]
+    assert calls[6][0] > calls[6][1] >= 2
+    # A measured backward count replaces the forward's in the launch time.
+    hw = make_hardware(function_forward_s=1e-3, function_backward_s=1e-3,
+                       kernel_launch_s=0.0)
+    stage = dict(flops_stage(4, flops_per_image=0.0), backward_calls=2)
+    work = costmodel.build_workload({'stages': [stage]}, hw, 1)
+    assert work.forward_gil_s == pytest.approx([4e-3])
+    assert work.backward_gil_s == pytest.approx([2e-3])

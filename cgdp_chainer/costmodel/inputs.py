@@ -363,21 +363,29 @@ def gpu_stage_seconds(flops_per_image, layers, batch, hardware):
         hardware.achieved_flops
 
 
-def launch_seconds(calls, hardware):
+def launch_seconds(calls, hardware, backward_calls=None):
     """Host-side seconds to issue a stage's function calls on a GPU.
 
     ``calls x (function_forward_s + kernel_launch_s)`` in the forward and
-    ``calls x (function_backward_s + backward_kernels_per_call x
-    kernel_launch_s)`` in the backward (one backward per forward call).
+    ``backward_calls x (function_backward_s + backward_kernels_per_call x
+    kernel_launch_s)`` in the backward.
+
+    Args:
+        calls (int): Function calls in the forward.
+        hardware (Hardware): The machine.
+        backward_calls (int or None): In the backward (measured profiles
+            count them); ``None``: one per forward call.
 
     Returns:
         tuple: ``(forward seconds, backward seconds)``.
     """
+    if backward_calls is None:
+        backward_calls = calls
     forward = calls * (hardware.function_forward_s
                        + hardware.kernel_launch_s)
-    backward = calls * (hardware.function_backward_s
-                        + hardware.backward_kernels_per_call
-                        * hardware.kernel_launch_s)
+    backward = backward_calls * (hardware.function_backward_s
+                                 + hardware.backward_kernels_per_call
+                                 * hardware.kernel_launch_s)
     return forward, backward
 
 
@@ -386,7 +394,8 @@ def _launch_times(stages, hardware):
     has no function counts."""
     if not all(s.get('forward_calls') is not None for s in stages):
         return None, None
-    pairs = [launch_seconds(s['forward_calls'], hardware) for s in stages]
+    pairs = [launch_seconds(s['forward_calls'], hardware,
+                            s.get('backward_calls')) for s in stages]
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 

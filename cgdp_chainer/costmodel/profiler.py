@@ -19,8 +19,11 @@ A profile (saved as JSON by ``python -m experiments.profile``) holds:
   ``ParallelUpdater``'s ``addgrads`` and ``copyparams`` per replica; and
   ``update_rules``: each optimizer's host update rule
   (:func:`measure_host_update`, MomentumSGD and Adam);
-- per stage also ``forward_flops``, ``backward_flops``, ``forward_calls``
-  and ``counted_layers`` (:mod:`cgdp_chainer.costmodel.flops`);
+- per stage also ``forward_flops``, ``backward_flops`` and
+  ``counted_layers`` (:mod:`cgdp_chainer.costmodel.flops`), and
+  ``forward_calls`` and ``backward_calls``: the Chainer function calls of
+  its forward (the loss with the last stage) and backward
+  (:func:`count_calls`);
 - ``machine``: cores, the compute this process gets of them
   (``effective_cores``), ``function_call``: the host-side seconds of one
   Chainer function call forward and backward on this device
@@ -82,6 +85,71 @@ def _head_for(target, loss_func):
     except ValueError:
         import models
         return models.Classifier(target).head
+
+
+class _CallCounter(chainer.FunctionHook):
+    """Counts function calls in the forward and the backward, per stage
+    (the caller sets ``stage`` before each stage runs, and ``in_backward``).
+
+    A backward applies functions of its own (the gradients' nodes), which
+    call the forward hooks too; those count as part of the backward calls'
+    cost (see :func:`measure_function_overhead`), not as forward calls."""
+
+    name = 'CallCounter'
+
+    def __init__(self):
+        self.stage = 0
+        self.in_backward = False
+        self.forward = {}
+        self.backward = {}
+
+    def forward_preprocess(self, function, in_data):
+        if not self.in_backward:
+            self.forward[self.stage] = self.forward.get(self.stage, 0) + 1
+
+    def backward_preprocess(self, function, in_data, out_grad):
+        self.backward[self.stage] = self.backward.get(self.stage, 0) + 1
+
+
+def count_calls(target, in_arrays, loss_func=None):
+    """Chainer function calls of each stage in a forward and a backward.
+
+    One pass with one chunk per stage, as the runtime runs it; the loss
+    counts with the last stage.
+
+    Args:
+        target (chainer.Link): A staged network or a classifier around one.
+        in_arrays (tuple): ``(x, labels...)`` on the target's device.
+        loss_func (callable or None): ``loss_func(y, *labels)``.
+
+    Returns:
+        list of tuple: ``(forward calls, backward calls)`` per stage.
+    """
+    stages = chunking.find_stages(target)
+    if stages is None:
+        raise ValueError('{} has no stages (see docs/INTERFACES.md)'.format(
+            type(target).__name__))
+    head = _head_for(target, loss_func)
+    n = len(stages)
+    chunked = chunking.ChunkedPass(stages, [(i, i + 1) for i in range(n)],
+                                   head)
+    counter = _CallCounter()
+    carry = in_arrays[0]
+    target.cleargrads()
+    with chainer.using_config('train', True), \
+            chainer.using_config('enable_backprop', True), counter:
+        for c in range(n):
+            counter.stage = c
+            carry = chunked.forward_chunk(c, carry)
+            if c == n - 1:
+                chunked.forward_head(tuple(in_arrays[1:]))
+        counter.in_backward = True
+        for c in range(n - 1, -1, -1):
+            counter.stage = c
+            chunked.backward_chunk(c)
+    target.cleargrads()
+    return [(counter.forward.get(c, 0), counter.backward.get(c, 0))
+            for c in range(n)]
 
 
 def _stage_pass_times(stages, chunks, head, x, labels, sync):
@@ -727,8 +795,12 @@ def profile_replica(target, device, in_arrays, loss_func=None,
         for stage, cost in zip(stages['stages'], costs):
             stage['forward_flops'] = cost['forward_flops']
             stage['backward_flops'] = cost['backward_flops']
-            stage['forward_calls'] = cost['forward_calls']
             stage['counted_layers'] = cost['counted_layers']
+        calls = count_calls(target, in_arrays, loss_func)
+        for stage, (forward_calls, backward_calls) in zip(stages['stages'],
+                                                          calls):
+            stage['forward_calls'] = forward_calls
+            stage['backward_calls'] = backward_calls
     finally:
         _restore_persistents(target, saved_persistents)
         numpy.random.set_state(saved_random)
