@@ -506,6 +506,10 @@ def test_profile_model_and_choose_chunk_size():
     assert profile['copy']['d2h_bytes_per_s'] > 0
     assert set(profile['host']['ops']) == {
         'reduce2', 'reduce_slot', 'update', 'addgrads', 'copyparams'}
+    assert set(profile['host']['update_rules']) == {'momentum_sgd', 'adam'}
+    assert set(profile['host']['fused']) == {'momentum_sgd', 'adam'}
+    assert [s['forward_calls'] for s in profile['stages']][:2] == [2, 1]
+    assert profile['machine']['function_call']['forward_s'] > 0
     # One thread's matrix-product rate: a real CPU does GFLOP/s; the
     # replica keeps at least part of a core busy.
     assert profile['machine']['blas_1t_flops'] > 1e8
@@ -1228,3 +1232,39 @@ def test_profile_counts_forward_and_backward_calls():
     work = costmodel.build_workload({'stages': [stage]}, hw, 1)
     assert work.forward_gil_s == pytest.approx([4e-3])
     assert work.backward_gil_s == pytest.approx([2e-3])
+
+
+def test_host_jobs_run_the_fused_update_where_measured():
+    # 2 arrays of 400 bytes in all, 3 devices: 2 x 1 ms + 400 x (1e-6 +
+    # 3 x 1e-7) = 2.52 ms; the Python per array holds the GIL, the kernels
+    # do not. Without the fused costs, Chainer's rules (2 x 2 ms).
+    profile = cpu_profile()
+    profile['stages'][0].update(param_bytes=400, param_arrays=2)
+    profile['host']['ops']['update'] = {'per_array_s': 2e-3,
+                                        'per_byte_s': 0.0}
+    profile['host']['fused'] = {'momentum_sgd': {
+        'per_array_s': 1e-3, 'per_byte_s': 1e-6, 'per_slot_byte_s': 1e-7}}
+    hw = hardware.get_hardware('this-cpu', profile).replace(
+        host_chunk_overhead_s=0.0)
+    work = costmodel.build_workload(profile, hw, 1)
+    assert costmodel.host_job_seconds(work, hw, 3, 2, 400) == \
+        pytest.approx(2.52e-3)
+    assert costmodel.host_job_gil_seconds(work, hw, 3, 2) == \
+        pytest.approx(2e-3)
+    adam = costmodel.build_workload(dict(profile, host=dict(
+        profile['host'], update_rules={'adam': {'per_array_s': 2e-3,
+                                                'per_byte_s': 0.0}})),
+        hw, 1, optimizer='adam')
+    assert adam.host_fused is None
+    assert costmodel.host_job_seconds(adam, hw, 1, 2, 400) == \
+        pytest.approx(4e-3)
+
+
+def test_measure_fused_host_update():
+    from cgdp_chainer.costmodel import profiler
+    for name in ('momentum_sgd', 'adam'):
+        cost = profiler.measure_fused_host_update(name, [(128, 128), (128,)],
+                                                  reps=1)
+        assert cost is not None
+        assert cost['per_array_s'] > 0
+        assert cost['per_byte_s'] >= 0 and cost['per_slot_byte_s'] >= 0

@@ -41,8 +41,10 @@ def host_update_seconds(workload, hardware, arrays, n_bytes):
 def host_job_seconds(workload, hardware, n_devices, arrays, n_bytes):
     """Seconds one host thread takes to reduce and update one chunk.
 
-    One device's slot is lent as the sum (no reduction). With measured host
-    costs: the mean of two slots, each further slot and the update rule,
+    One device's slot is lent as the sum (no reduction). With the
+    runtime's fused reduce and update measured (``workload.host_fused``):
+    ``arrays x per_array + bytes x (per_byte + N x per_slot_byte)``. Else,
+    with measured host costs: the mean of two slots, each further slot and the update rule,
     each ``arrays x per_array + bytes x per_byte``. Without: memory traffic
     over the thread's bandwidth plus per-array overheads; the runtime's
     blocked reduction reads ``N`` slots and writes the mean once (the
@@ -59,6 +61,14 @@ def host_job_seconds(workload, hardware, n_devices, arrays, n_bytes):
     Returns:
         float: Seconds.
     """
+    if workload.host_fused is not None:
+        # The runtime's fused pass: the slots summed block by block into
+        # the update (one device's slot is read as the gradient).
+        fused = workload.host_fused
+        return (hardware.host_chunk_overhead_s
+                + arrays * fused['per_array_s']
+                + n_bytes * (fused['per_byte_s']
+                             + n_devices * fused['per_slot_byte_s']))
     if workload.host_ops is not None:
         ops = workload.host_ops
         seconds = (hardware.host_chunk_overhead_s
@@ -202,6 +212,11 @@ def host_job_gil_seconds(workload, hardware, n_devices, arrays,
                 + per_array('reduce_slot'))
     if part == 'update':
         return per_array('update') + 2 * per_array('reduce_slot')
+    if workload.host_fused is not None:
+        # The fused kernels release the GIL; their Python per array holds
+        # it.
+        return (hardware.host_chunk_overhead_s
+                + arrays * workload.host_fused['per_array_s'])
     return hardware.host_chunk_overhead_s + reduce_s + per_array('update')
 
 

@@ -241,6 +241,10 @@ class Workload:
             :data:`OPTIMIZERS`).
         host_update (dict or None): Measured host update rule costs
             (``per_array_s``, ``per_byte_s``) of ``optimizer``.
+        host_fused (dict or None): Measured costs of the runtime's fused
+            reduce and update of ``optimizer`` (``per_array_s``,
+            ``per_byte_s``, ``per_slot_byte_s``), which CGDP's host jobs
+            run where the profile has them.
         measured (bool): Compute times come from a measurement.
     """
     forward_s: list
@@ -259,6 +263,7 @@ class Workload:
     busy_cores: float = None
     optimizer: str = 'momentum_sgd'
     host_update: dict = None
+    host_fused: dict = None
     measured: bool = False
 
     @property
@@ -510,4 +515,6 @@ def build_workload(profile, hardware, batch_per_device,
         forward_gil_s=forward_gil, backward_gil_s=backward_gil,
         busy_cores=busy_cores, optimizer=optimizer,
         host_update=_host_update(profile, optimizer, measured),
+        host_fused=((profile.get('host') or {}).get('fused') or {}).get(
+            optimizer) if measured else None,
         measured=measured)

@@ -18,7 +18,10 @@ A profile (saved as JSON by ``python -m experiments.profile``) holds:
   their mean, each further slot, a MomentumSGD update rule call, and
   ``ParallelUpdater``'s ``addgrads`` and ``copyparams`` per replica; and
   ``update_rules``: each optimizer's host update rule
-  (:func:`measure_host_update`, MomentumSGD and Adam);
+  (:func:`measure_host_update`, MomentumSGD and Adam), and ``fused``: the
+  runtime's fused reduce and update of each
+  (:func:`measure_fused_host_update`), which the accumulator runs where
+  it can;
 - per stage also ``forward_flops``, ``backward_flops`` and
   ``counted_layers`` (:mod:`cgdp_chainer.costmodel.flops`), and
   ``forward_calls`` and ``backward_calls``: the Chainer function calls of
@@ -529,6 +532,68 @@ def measure_host_update(optimizer_name, shapes, dtypes=None,
             'per_byte_s': max(0.0, full - tiny) / max(1, n_bytes)}
 
 
+# Elements of the arrays a fused update is timed on: its cost per byte is
+# the same for any size beyond the caches, and the slots, parameter and
+# state of a whole large network would need gigabytes.
+MAX_FUSED_ELEMENTS = 1 << 22
+
+
+def measure_fused_host_update(optimizer_name, shapes, reps=DEFAULT_REPS):
+    """Seconds of the runtime's fused host reduce and update of one
+    optimizer, per array, per byte and per byte of each summed slot.
+
+    The accumulator sums a chunk's slots and updates its parameters in one
+    blocked pass (:mod:`cgdp_chainer.runtime.host_update`); its cost with
+    ``S`` slots is ``arrays x per_array_s + bytes x (per_byte_s + S x
+    per_slot_byte_s)``. Timed on one thread (the model gives each host job
+    its threads), with 1 and 2 slots on arrays of ``shapes`` (cut to
+    :data:`MAX_FUSED_ELEMENTS` elements in all) and with one slot on as
+    many one-element arrays.
+
+    Args:
+        optimizer_name (str): ``'momentum_sgd'`` or ``'adam'``.
+        shapes (list of tuple): Parameter shapes (float32).
+        reps (int): Timed repetitions (the best).
+
+    Returns:
+        dict or None: ``per_array_s``, ``per_byte_s`` and
+        ``per_slot_byte_s``; ``None`` where the runtime has no fused rule
+        for the optimizer (it then runs Chainer's, see
+        :func:`measure_host_update`).
+    """
+    from cgdp_chainer.runtime import host_update
+    if optimizer_name not in HOST_UPDATE_RULES:
+        raise ValueError('optimizer_name must be one of {}, got {!r}'.format(
+            ', '.join(HOST_UPDATE_RULES), optimizer_name))
+    if not shapes:
+        raise ValueError('shapes must list at least one parameter shape')
+    timed, left = [], MAX_FUSED_ELEMENTS
+    for shape in shapes:
+        size = int(numpy.prod(shape))
+        if left <= 0:
+            break
+        timed.append(shape if size <= left else (left,))
+        left -= min(size, left)
+    n_bytes = 4 * sum(int(numpy.prod(s)) for s in timed)
+    full = host_update.FusedBench(optimizer_name, 2, timed, n_threads=1)
+    tiny = host_update.FusedBench(optimizer_name, 1,
+                                  [(1,)] * len(shapes), n_threads=1)
+    try:
+        if full.host_update is None:
+            return None
+        one = full.best_seconds(reps, n_slots=1)
+        two = full.best_seconds(reps, n_slots=2)
+        fixed = tiny.best_seconds(reps)
+    finally:
+        full.close()
+        tiny.close()
+    per_slot = max(0.0, two - one) / n_bytes
+    return {'per_array_s': fixed / len(shapes),
+            'per_byte_s': max(0.0, (one - fixed * len(timed) / len(shapes))
+                              / n_bytes - per_slot),
+            'per_slot_byte_s': per_slot}
+
+
 def _measured_shapes(target):
     params = [p for p in target.params() if p.array is not None]
     shapes = [p.array.shape if p.array.size <= MAX_MEASURED_ELEMENTS
@@ -588,6 +653,25 @@ def measure_host_updates(target, reps=DEFAULT_REPS):
     shapes, dtypes = _measured_shapes(target)
     return {name: measure_host_update(name, shapes, dtypes, reps)
             for name in HOST_UPDATE_RULES}
+
+
+def measure_fused_host_updates(target, reps=DEFAULT_REPS):
+    """:func:`measure_fused_host_update` of every known optimizer over
+    the target's float32 parameter shapes.
+
+    Returns:
+        dict: Optimizer name -> costs, for those the runtime fuses.
+    """
+    shapes = [p.array.shape for p in target.params()
+              if p.array is not None and p.array.dtype == numpy.float32]
+    if not shapes:
+        return {}
+    costs = {}
+    for name in HOST_UPDATE_RULES:
+        cost = measure_fused_host_update(name, shapes, reps)
+        if cost is not None:
+            costs[name] = cost
+    return costs
 
 
 def measure_function_overhead(device=None, units=50, reps=DEFAULT_REPS):
@@ -824,7 +908,8 @@ def profile_replica(target, device, in_arrays, loss_func=None,
         'copy': measure_copies(device, reps=reps),
         'host': {'threads': host_threads,
                  'ops': measure_host_ops(target, reps=reps),
-                 'update_rules': measure_host_updates(target, reps=reps)},
+                 'update_rules': measure_host_updates(target, reps=reps),
+                 'fused': measure_fused_host_updates(target, reps=reps)},
         'machine': machine_info(device),
     }
     profile['machine']['function_call'] = measure_function_overhead(
