@@ -152,17 +152,13 @@ def predict_points(profile, summary, chunk_sizes, workers='process'):
         if mode not in MODES or point.get('n_ranks', 1) != 1:
             continue
         batch = point['batch_per_device']
-        work = costmodel.build_workload(profile, hw, batch)
         size = None
-        if mode == results.TYPICAL:
-            predicted = costmodel.simulate_typical(work, hw, n).iteration_s
-            closed = costmodel.typical_closed_form(work, hw, n)
-        else:
-            size = min(chunk_sizes.get(n, 1) or 1, work.n_stages)
-            predicted = costmodel.simulate_cgdp(
-                work, hw, n, size, workers=workers).iteration_s
-            closed = costmodel.cgdp_closed_form(work, hw, n, size,
-                                                workers=workers)
+        if mode == results.CGDP:
+            size = min(chunk_sizes.get(n, 1) or 1, len(profile['stages']))
+        predicted, _ = costmodel.predict_mode(profile, hw, mode, n, batch,
+                                              size, workers)
+        closed, _ = costmodel.predict_mode(profile, hw, mode, n, batch,
+                                           size, workers, method='closed')
         measured = point['median_s']
         rows.append({
             'net': None, 'mode': mode, 'n_devices': n,

@@ -1268,3 +1268,19 @@ def test_measure_fused_host_update():
         assert cost is not None
         assert cost['per_array_s'] > 0
         assert cost['per_byte_s'] >= 0 and cost['per_slot_byte_s'] >= 0
+
+
+def test_predict_mode_is_the_scheme_at_one_point():
+    profile = {'stages': flops.stage_costs(ConvLinear(), image_size=8),
+               'batch': 1}
+    result = costmodel.predict(profile, 'minsky', 2, 16)
+    for mode, key in (('typical', 't_typical'), ('nccl', 't_nccl'),
+                      ('cgdp', 't_cgdp')):
+        seconds, size = costmodel.predict_mode(profile, 'minsky', mode, 2,
+                                               16)
+        assert seconds == pytest.approx(result[key])
+    assert size == result['best_chunk_size']
+    assert costmodel.predict_mode(profile, 'minsky', 'cgdp', 2, 16, 3)[1] \
+        == 3
+    with pytest.raises(ValueError, match='typical, nccl, cgdp'):
+        costmodel.predict_mode(profile, 'minsky', 'chainermn', 2, 16)

@@ -50,7 +50,7 @@ from cgdp_chainer.costmodel.closed import (  # NOQA
     nccl_closed_form, nccl_phases, typical_closed_form)
 from cgdp_chainer.costmodel.predictions import (  # NOQA
     best_chunk_size, candidate_chunk_sizes, hardware_from_profile, predict,
-    predict_multinode)
+    predict_mode, predict_multinode)
 from cgdp_chainer.costmodel.choose import (  # NOQA
     ModelChunkChooser, choose_chunk_size, choose_chunk_size_for_replica,
     choose_chunk_size_for_updater)

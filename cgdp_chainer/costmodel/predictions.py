@@ -140,6 +140,68 @@ def predict(profile, hardware, n_devices, batch_per_device, chunk_size=None,
     return result
 
 
+MODES = (inputs.TYPICAL, inputs.NCCL, inputs.CGDP)
+
+
+def predict_mode(profile, hardware, mode, n_devices, batch_per_device,
+                 chunk_size=None, workers='process', optimizer='momentum_sgd',
+                 method='simulate'):
+    """Predicted seconds per iteration of one scheme at one point: what
+    a measured point of ``make experiment`` or ``make validate-model`` is
+    compared with.
+
+    Args:
+        profile (dict): See :func:`inputs.check_profile`.
+        hardware (str or Hardware): A preset name or a description.
+        mode (str): ``'typical'``, ``'nccl'`` or ``'cgdp'``.
+        n_devices (int): Replicas.
+        batch_per_device (int): Images per replica.
+        chunk_size (int or None): CGDP's chunk size (the one the measured
+            run resolved); ``None`` picks the best.
+        workers (str): CGDP's worker kind.
+        optimizer (str or chainer.Optimizer): See
+            :func:`inputs.check_optimizer`.
+        method (str): ``'simulate'`` or ``'closed'``.
+
+    Returns:
+        tuple: ``(seconds, chunk size or None)``.
+
+    Raises:
+        ValueError: A bad argument (named in the message).
+    """
+    if mode not in MODES:
+        raise ValueError('mode must be one of {}, got {!r}'.format(
+            ', '.join(MODES), mode))
+    check_method(method)
+    inputs.check_workers(workers)
+    hw = hardware_module.get_hardware(hardware, profile)
+    inputs.check_n_devices(n_devices)
+    workload = inputs.build_workload(profile, hw, batch_per_device,
+                                     optimizer)
+    simulated = method == 'simulate'
+    if mode == inputs.TYPICAL:
+        if simulated:
+            return simulate.simulate_typical(workload, hw,
+                                             n_devices).iteration_s, None
+        return closed.typical_closed_form(workload, hw, n_devices), None
+    if mode == inputs.NCCL:
+        if simulated:
+            return simulate.simulate_nccl(workload, hw,
+                                          n_devices).iteration_s, None
+        return closed.nccl_closed_form(workload, hw, n_devices), None
+    if chunk_size is None:
+        size, times = best_chunk_size(workload, hw, n_devices, method=method,
+                                      workers=workers)
+        return times[size], size
+    inputs.check_chunk_size(chunk_size, workload.n_stages)
+    if simulated:
+        return simulate.simulate_cgdp(workload, hw, n_devices, chunk_size,
+                                      workers=workers).iteration_s, \
+            chunk_size
+    return closed.cgdp_closed_form(workload, hw, n_devices, chunk_size,
+                                   workers=workers), chunk_size
+
+
 def check_method(method):
     """Raises ValueError unless ``method`` is ``'simulate'`` or
     ``'closed'``."""
