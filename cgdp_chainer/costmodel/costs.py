@@ -45,8 +45,8 @@ def host_job_seconds(workload, hardware, n_devices, arrays, n_bytes):
     runtime's fused reduce and update measured (``workload.host_fused``):
     ``arrays x per_array + bytes x (per_byte + N x per_slot_byte)``. Else,
     with measured host costs: the mean of two slots, each further slot and
-    the update rule, each ``arrays x per_array + bytes x per_byte``. Without: memory traffic
-    over the thread's bandwidth plus per-array overheads; the runtime's
+    the update rule, each ``arrays x per_array + bytes x per_byte``.
+    Without: memory traffic over the thread's bandwidth plus per-array overheads; the runtime's
     blocked reduction reads ``N`` slots and writes the mean once (the
     scaling happens in cache), MomentumSGD reads parameter, gradient and
     velocity and writes two of them.
