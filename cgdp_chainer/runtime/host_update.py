@@ -38,6 +38,7 @@ import copy
 import math
 import os
 import time
+import warnings
 
 import numpy
 
@@ -517,12 +518,41 @@ class HostUpdate(object):
         self.optimizer = optimizer
         self.fused_rule = fused_rule
         self.backend = resolve_backend(backend)
-        self._kernel = kernels(self.backend)[fused_rule.kernel_name]
-        self._block = (_numba_kernels().NUMBA_BLOCK
-                       if self.backend == 'numba' else NUMPY_BLOCK)
+        self._use(self.backend)
+        if self.backend == 'numba':
+            try:
+                self._warm_up()
+            except Exception as error:
+                if backend != 'auto':
+                    raise
+                warnings.warn(
+                    'the numba host update kernel failed to compile ({}: '
+                    '{}); using the NumPy one, which gives the same '
+                    'numbers'.format(type(error).__name__, error))
+                self.backend = 'numpy'
+                self._use(self.backend)
         if n_threads is None:
             n_threads = max(1, os.cpu_count() or 1)
         self._pool = BlockPool(n_threads)
+
+    def _use(self, backend):
+        self._kernel = kernels(backend)[self.fused_rule.kernel_name]
+        self._block = (_numba_kernels().NUMBA_BLOCK
+                       if backend == 'numba' else NUMPY_BLOCK)
+
+    def _warm_up(self):
+        # Compiles (or loads from numba's cache) the kernel now, on one
+        # element of a throwaway rule, rather than in the first iteration.
+        param = chainer.Parameter(numpy.zeros(1, numpy.float32))
+        param.grad = numpy.zeros(1, numpy.float32)
+        rule = self.optimizer.create_update_rule()
+        rule.update(param)  # Chainer's first update creates the state.
+        state, scalars = self.fused_rule.scalars(rule)
+        codes, args = hook_program([], [])
+        slots = (param.grad,) * SLOT_TUPLE
+        self._kernel(param.array, slots, 1,
+                     numpy.ones(1, numpy.float32), False, codes, args, 0, 1,
+                     *(state + scalars))
 
     def hooks(self, pre, post):
         """The fused hook program for these optimizer hooks, or None."""
