@@ -620,6 +620,9 @@ def test_updater_runs_the_chunk_size_the_chooser_recorded():
         assert chooser.profile is not None
         assert len(chooser.profile['stages']) == updater.n_stages
         assert chooser.profile['batch'] == 4  # device 0's share
+        # Only the optimizer the updater runs is measured.
+        assert set(chooser.profile['host']['update_rules']) == {
+            'momentum_sgd'}
         assert updater.chunk_size == chooser.choice
         assert chooser.predicted[chooser.choice] == min(
             chooser.predicted.values())
@@ -1131,6 +1134,8 @@ def test_measure_host_update_and_function_overhead():
         assert cost['per_array_s'] > 0 and cost['per_byte_s'] >= 0
     with pytest.raises(ValueError, match='momentum_sgd, adam'):
         profiler.measure_host_update('sgd', shapes)
+    with pytest.raises(ValueError, match='optimizers'):
+        profiler.measure_host_updates(L.Linear(2, 2), optimizers=['sgd'])
     calls = profiler.measure_function_overhead(units=5, reps=1)
     assert calls['forward_s'] > 0 and calls['backward_s'] > 0
 

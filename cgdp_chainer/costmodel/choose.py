@@ -63,7 +63,8 @@ def _model_optimizer(optimizer):
 
 
 def profile_for_choice(replica, device, in_arrays, loss_func=None,
-                       host_threads=1, reps=2, statistic='median'):
+                       host_threads=1, reps=2, statistic='median',
+                       optimizer='momentum_sgd'):
     """Profiles a replica on a batch for the chunk choice (see
     :func:`cgdp_chainer.costmodel.profiler.profile_replica`, which leaves
     the replica's persistent values and NumPy's random state as they
@@ -71,7 +72,8 @@ def profile_for_choice(replica, device, in_arrays, loss_func=None,
     from cgdp_chainer.costmodel import profiler
     profile = profiler.profile_replica(
         replica, device, in_arrays, loss_func=loss_func,
-        host_threads=host_threads, reps=reps, statistic=statistic)
+        host_threads=host_threads, reps=reps, statistic=statistic,
+        optimizers=(optimizer,))
     profile['hardware'] = 'this-gpu' if device.xp.__name__ == 'cupy' \
         else 'this-cpu'
     return profile
@@ -161,7 +163,8 @@ class ModelChunkChooser(object):
         if not isinstance(in_arrays, tuple):
             in_arrays = (in_arrays,)
         profile = profile_for_choice(replica, device, in_arrays, loss_func,
-                                     host_threads, self.reps, self.statistic)
+                                     host_threads, self.reps, self.statistic,
+                                     _model_optimizer(optimizer))
         return self.choose_from_profile(profile, n_devices, workers,
                                         optimizer)
 

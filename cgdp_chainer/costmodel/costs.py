@@ -46,10 +46,10 @@ def host_job_seconds(workload, hardware, n_devices, arrays, n_bytes):
     ``arrays x per_array + bytes x (per_byte + N x per_slot_byte)``. Else,
     with measured host costs: the mean of two slots, each further slot and
     the update rule, each ``arrays x per_array + bytes x per_byte``.
-    Without: memory traffic over the thread's bandwidth plus per-array overheads; the runtime's
-    blocked reduction reads ``N`` slots and writes the mean once (the
-    scaling happens in cache), MomentumSGD reads parameter, gradient and
-    velocity and writes two of them.
+    Without: memory traffic over the thread's bandwidth plus per-array
+    overheads; the runtime's blocked reduction reads ``N`` slots and writes
+    the mean once (the scaling happens in cache), and the update moves
+    :data:`UPDATE_TRAFFIC` bytes per byte.
 
     Args:
         workload (Workload): The costs.

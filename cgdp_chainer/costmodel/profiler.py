@@ -643,31 +643,50 @@ def measure_host_ops(target, reps=DEFAULT_REPS):
     return costs
 
 
-def measure_host_updates(target, reps=DEFAULT_REPS):
-    """:func:`measure_host_update` of every known optimizer over the
-    target's parameter shapes.
+def _check_optimizer_names(names):
+    names = tuple(HOST_UPDATE_RULES) if names is None else tuple(names)
+    unknown = [n for n in names if n not in HOST_UPDATE_RULES]
+    if unknown or not names:
+        raise ValueError('optimizers must name some of {}, got {!r}'.format(
+            ', '.join(HOST_UPDATE_RULES), names))
+    return names
+
+
+def measure_host_updates(target, reps=DEFAULT_REPS, optimizers=None):
+    """:func:`measure_host_update` of some optimizers over the target's
+    parameter shapes.
+
+    Args:
+        optimizers (sequence of str or None): Names (default: all of
+            :data:`HOST_UPDATE_RULES`).
 
     Returns:
         dict: Optimizer name -> ``{'per_array_s', 'per_byte_s'}``.
     """
+    names = _check_optimizer_names(optimizers)
     shapes, dtypes = _measured_shapes(target)
     return {name: measure_host_update(name, shapes, dtypes, reps)
-            for name in HOST_UPDATE_RULES}
+            for name in names}
 
 
-def measure_fused_host_updates(target, reps=DEFAULT_REPS):
-    """:func:`measure_fused_host_update` of every known optimizer over
-    the target's float32 parameter shapes.
+def measure_fused_host_updates(target, reps=DEFAULT_REPS, optimizers=None):
+    """:func:`measure_fused_host_update` of some optimizers over the
+    target's float32 parameter shapes.
+
+    Args:
+        optimizers (sequence of str or None): Names (default: all of
+            :data:`HOST_UPDATE_RULES`).
 
     Returns:
         dict: Optimizer name -> costs, for those the runtime fuses.
     """
+    names = _check_optimizer_names(optimizers)
     shapes = [p.array.shape for p in target.params()
               if p.array is not None and p.array.dtype == numpy.float32]
     if not shapes:
         return {}
     costs = {}
-    for name in HOST_UPDATE_RULES:
+    for name in names:
         cost = measure_fused_host_update(name, shapes, reps)
         if cost is not None:
             costs[name] = cost
@@ -844,7 +863,8 @@ def machine_info(device):
 
 
 def profile_replica(target, device, in_arrays, loss_func=None,
-                    host_threads=None, reps=DEFAULT_REPS, statistic='median'):
+                    host_threads=None, reps=DEFAULT_REPS, statistic='median',
+                    optimizers=None):
     """Profiles a staged model already on its device, on a given batch.
 
     The target's persistent values (BatchNormalization statistics) and
@@ -861,10 +881,13 @@ def profile_replica(target, device, in_arrays, loss_func=None,
         reps (int): Timed repetitions.
         statistic (str): ``'median'`` or ``'min'`` of the repetitions of
             the stage times.
+        optimizers (sequence of str or None): The optimizers whose host
+            update to measure (default: all of :data:`HOST_UPDATE_RULES`).
 
     Returns:
         dict: The profile (see the module docstring).
     """
+    optimizers = _check_optimizer_names(optimizers)
     if not isinstance(in_arrays, tuple):
         in_arrays = (in_arrays,)
     saved_persistents = _save_persistents(target)
@@ -908,8 +931,10 @@ def profile_replica(target, device, in_arrays, loss_func=None,
         'copy': measure_copies(device, reps=reps),
         'host': {'threads': host_threads,
                  'ops': measure_host_ops(target, reps=reps),
-                 'update_rules': measure_host_updates(target, reps=reps),
-                 'fused': measure_fused_host_updates(target, reps=reps)},
+                 'update_rules': measure_host_updates(target, reps,
+                                                      optimizers),
+                 'fused': measure_fused_host_updates(target, reps,
+                                                     optimizers)},
         'machine': machine_info(device),
     }
     profile['machine']['function_call'] = measure_function_overhead(
