@@ -52,10 +52,13 @@ def _choice(stage_profile, n_devices, hardware, batch_per_device, workers,
 
 
 def _model_optimizer(optimizer):
-    """The model's name for an optimizer; others are costed as MomentumSGD
-    (the chunk choice depends on the update only through its cost)."""
+    """The model's name for an optimizer. A name must be one the model
+    knows; an optimizer of another class is costed as MomentumSGD (the
+    chunk choice depends on the update only through its cost)."""
     if optimizer is None:
         return 'momentum_sgd'
+    if isinstance(optimizer, str):
+        return inputs.check_optimizer(optimizer)
     try:
         return inputs.check_optimizer(optimizer)
     except ValueError:
@@ -65,10 +68,25 @@ def _model_optimizer(optimizer):
 def profile_for_choice(replica, device, in_arrays, loss_func=None,
                        host_threads=1, reps=2, statistic='median',
                        optimizer='momentum_sgd'):
-    """Profiles a replica on a batch for the chunk choice (see
-    :func:`cgdp_chainer.costmodel.profiler.profile_replica`, which leaves
-    the replica's persistent values and NumPy's random state as they
-    were)."""
+    """Profiles a replica on a batch for the chunk choice.
+
+    :func:`cgdp_chainer.costmodel.profiler.profile_replica` does the
+    measuring and leaves the replica's persistent values and NumPy's random
+    state as they were.
+
+    Args:
+        replica (chainer.Link): A staged model on ``device``.
+        device (chainer.backend.Device): Its device.
+        in_arrays (tuple): ``(x, labels...)`` on ``device``.
+        loss_func (callable or None): ``loss_func(y, *labels)``.
+        host_threads (int): The updater's host threads.
+        reps (int): Timed repetitions.
+        statistic (str): ``'median'`` or ``'min'``.
+        optimizer (str): The optimizer whose host update is measured.
+
+    Returns:
+        dict: The profile, its ``hardware`` naming the machine profiled.
+    """
     from cgdp_chainer.costmodel import profiler
     profile = profiler.profile_replica(
         replica, device, in_arrays, loss_func=loss_func,
