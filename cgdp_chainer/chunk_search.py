@@ -6,15 +6,17 @@ The updater (``chunk_size='auto'``) drives it: it trains with
 :attr:`~ChunkSizeSearch.current_size` after every call, until
 :attr:`~ChunkSizeSearch.done`; then it keeps :attr:`~ChunkSizeSearch.best`.
 
-Sizes are tried from small to large, doubling, the last one capped at the
-number of stages. Larger chunks mean fewer, larger copies and host jobs
+Sizes (layers per chunk; see ``CGDPUpdater``'s ``chunk_size``) are tried
+from ``start`` up, doubling, the last one capped at the number of layers. Larger chunks mean fewer, larger copies and host jobs
 (less per-call overhead) but a larger exposed last chunk; iteration time as a
 function of the size typically falls and then rises, so the search stops at
 the first size slower than the one before it. Each size runs ``skip_first``
 iterations that are not timed (the first iteration after a change pays for
 re-planning and cold caches), then ``trial_iterations`` timed ones; their
 median is the size's time. The trial budget is bounded: at most
-``(skip_first + trial_iterations) x (ceil(log2(n_stages)) + 1)`` iterations.
+``(skip_first + trial_iterations) x (ceil(log2(n_stages / start)) + 1)``
+iterations; the updater starts at the size that gives at most 64 chunks, so
+that ResNet-152's 300-odd layers take at most 8 sizes.
 
 No wall clock is read here: the numbers come from the caller, so the search
 is deterministic given them.
@@ -26,7 +28,8 @@ class ChunkSizeSearch(object):
     """Tries growing chunk sizes and keeps the fastest.
 
     Args:
-        n_stages (int): Stages of the network (the largest chunk size).
+        n_stages (int): The largest chunk size: the network's layers (the
+            name is the search's original, from stage lists).
         trial_iterations (int): Timed iterations per size.
         skip_first (int): Untimed iterations at the start of each size.
         start (int): The first size to try.
@@ -58,6 +61,7 @@ class ChunkSizeSearch(object):
         self.skip_first = skip_first
         self.history = []
         self._size = start
+        self._start = start
         self._samples = []
         self._seen = 0
         self._done = False
@@ -67,7 +71,7 @@ class ChunkSizeSearch(object):
     @property
     def max_trial_iterations(self):
         """The most iterations the search can take."""
-        sizes = int(math.ceil(math.log2(self.n_stages))) + 1
+        sizes = int(math.ceil(math.log2(self.n_stages / self._start))) + 1
         return sizes * (self.skip_first + self.trial_iterations)
 
     @property

@@ -1,5 +1,11 @@
 """Cutting a staged network into chunks and running it chunk by chunk.
 
+The CGDP runtime no longer uses this module: it hands chunks of layers over
+as their gradients become ready during one ordinary backward, for any model
+(:mod:`cgdp_chainer.runtime.readiness`). What is here serves the cost
+model's per-stage profile (:mod:`cgdp_chainer.costmodel.profiler`) and its
+workload description, for networks that declare stages.
+
 A network exposes ``stages`` (see ``docs/INTERFACES.md``): callables whose
 application in order is its forward pass. A *chunk* is a run of consecutive
 stages. Running the forward with the graph cut between chunks lets the

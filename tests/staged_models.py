@@ -239,3 +239,14 @@ class ProbedMLP(StagedMLP):
     @property
     def stages(self):
         return [self.probe] + super(ProbedMLP, self).stages
+
+
+class ModelAuxLoss(object):
+    """``loss_func(x, t)`` as StandardUpdater takes it, holding the model:
+    :func:`aux_loss` of its output."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, x, t):
+        return aux_loss(self.model(x), t)

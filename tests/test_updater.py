@@ -96,7 +96,8 @@ def test_mean_equals_one_device_on_whole_batch(optimizer_kind, n_devices,
                                                workers):
     base = L.Classifier(staged_models.StagedMLP())
     expected = train(copy.deepcopy(base), optimizer_kind, standard)
-    for chunk_size in (1, 3, 7):
+    # Layers per chunk (StagedMLP has 4 layers); None: by bytes.
+    for chunk_size in (1, 3, None):
         actual = train(copy.deepcopy(base), optimizer_kind,
                        cgdp(n_devices, chunk_size=chunk_size,
                             workers=workers))
@@ -132,30 +133,33 @@ def test_uneven_split_is_weighted_by_share_of_batch():
 def test_chunk_boundaries_given_explicitly():
     base = L.Classifier(staged_models.StagedMLP())
     expected = train(copy.deepcopy(base), 'adam', standard)
-    actual = train(copy.deepcopy(base), 'adam', cgdp(2, chunk_size=[0, 2, 5]))
+    actual = train(copy.deepcopy(base), 'adam', cgdp(2, chunk_size=[0, 1, 3]))
     assert_same_params(expected, actual)
 
 
-def test_auxiliary_output_riding_through_chunks():
+@pytest.mark.parametrize('workers', WORKERS)
+def test_auxiliary_output_with_a_loss_func_holding_the_model(workers):
+    # loss_func(*in_arrays) as in StandardUpdater; one that holds the model
+    # computes on each replica's own copy of it.
     base = staged_models.StagedAux()
-
-    def loss_of_model(x, t):
-        return staged_models.aux_loss(model_ref[0](x), t)
-
     model = copy.deepcopy(base)
-    model_ref = [model]
     optimizer = setup_optimizer('momentum', model)
     iterator = chainer.iterators.SerialIterator(
         staged_models.dataset(), BATCH, shuffle=False)
-    reference = updaters.StandardUpdater(iterator, optimizer,
-                                         loss_func=loss_of_model)
+    reference = updaters.StandardUpdater(
+        iterator, optimizer, loss_func=staged_models.ModelAuxLoss(model))
     for _ in range(ITERATIONS):
         reference.update()
     expected = {n: p.array.copy() for n, p in model.namedparams()}
     for chunk_size in (1, 2, 4):
-        actual = train(copy.deepcopy(base), 'momentum',
-                       cgdp(2, chunk_size=chunk_size,
-                            loss_func=staged_models.aux_loss))
+        copied = copy.deepcopy(base)
+
+        def make(iterator, optimizer):
+            return cgdp_chainer.CGDPUpdater(
+                iterator, optimizer, ['@numpy'] * 2, chunk_size=chunk_size,
+                loss_func=staged_models.ModelAuxLoss(copied),
+                workers=workers)
+        actual = train(copied, 'momentum', make)
         assert_same_params(expected, actual)
 
 
@@ -175,12 +179,23 @@ def test_whole_gradient_hook_updates_after_last_chunk():
     assert_same_params(expected, actual)
 
 
-def test_model_without_stages_is_one_chunk_with_a_warning():
+def test_model_without_stages_trains_in_chunks_without_a_warning():
     base = L.Classifier(staged_models.Plain())
     expected = train(copy.deepcopy(base), 'momentum', standard)
-    with pytest.warns(UserWarning, match='no stages'):
-        actual = train(copy.deepcopy(base), 'momentum', cgdp(2))
-    assert_same_params(expected, actual)
+    model = copy.deepcopy(base)
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        optimizer = setup_optimizer('momentum', model)
+        iterator = chainer.iterators.SerialIterator(
+            staged_models.dataset(), BATCH, shuffle=False)
+        updater = cgdp_chainer.CGDPUpdater(iterator, optimizer,
+                                           ['@numpy'] * 2, chunk_size=1)
+        for _ in range(ITERATIONS):
+            updater.update()
+        updater.finalize()
+    assert len(updater.chunks) == 4
+    assert_same_params(expected, {n: p.array for n, p in
+                                  model.namedparams()})
 
 
 def test_optimizer_t_advances_once_per_iteration():
@@ -262,26 +277,31 @@ def test_snapshot_resume_in_fresh_process_is_exact(tmp_path):
         import chainer, numpy
         import chainer.links as L
         import staged_models
-        mode, path, iterations = sys.argv[1], sys.argv[2], int(sys.argv[3])
-        model = L.Classifier(staged_models.StagedMLP())
-        optimizer = chainer.optimizers.Adam(alpha=0.01)
-        optimizer.setup(model)
-        iterator = chainer.iterators.SerialIterator(
-            staged_models.dataset(), 4,
-            order_sampler=chainer.iterators.ShuffleOrderSampler(
-                numpy.random.RandomState(3)))
-        updater = cgdp_chainer.CGDPUpdater(iterator, optimizer,
-                                           ['@numpy'] * 2, chunk_size=2)
-        if mode == 'resume':
-            chainer.serializers.load_npz(path, updater)
-        for _ in range(iterations):
-            updater.update()
-        if mode == 'save':
-            chainer.serializers.save_npz(path, updater)
-        else:
-            numpy.savez(path + '.params.npz',
-                        **{{n: p.array for n, p in model.namedparams()}})
-        updater.finalize()
+        def main():
+            mode, path = sys.argv[1], sys.argv[2]
+            iterations = int(sys.argv[3])
+            model = L.Classifier(staged_models.StagedMLP())
+            optimizer = chainer.optimizers.Adam(alpha=0.01)
+            optimizer.setup(model)
+            iterator = chainer.iterators.SerialIterator(
+                staged_models.dataset(), 4,
+                order_sampler=chainer.iterators.ShuffleOrderSampler(
+                    numpy.random.RandomState(3)))
+            updater = cgdp_chainer.CGDPUpdater(iterator, optimizer,
+                                               ['@numpy'] * 2, chunk_size=2)
+            if mode == 'resume':
+                chainer.serializers.load_npz(path, updater)
+            for _ in range(iterations):
+                updater.update()
+            if mode == 'save':
+                chainer.serializers.save_npz(path, updater)
+            else:
+                numpy.savez(path + '.params.npz',
+                            **{{n: p.array for n, p in model.namedparams()}})
+            updater.finalize()
+
+        if __name__ == '__main__':
+            main()
     ''').format(tests=os.path.dirname(__file__)))
     snapshot = str(tmp_path / 'snap.npz')
     straight = str(tmp_path / 'straight.npz')
@@ -392,7 +412,10 @@ def _updater(devices=('@numpy', '@numpy'), batch=BATCH, **kwargs):
     (dict(chunk_size=0), 'out of range'),
     (dict(chunk_size=8), 'out of range'),
     (dict(chunk_size='fastest'), "unknown chunk_size 'fastest'"),
-    (dict(chunk_size=[1, 3]), 'starting at 0'),
+    (dict(chunk_size=[3, 1]), 'strictly increasing layer indices'),
+    (dict(chunk_size=[0, 4]), 'strictly increasing layer indices'),
+    (dict(chunk_bytes=0), 'chunk_bytes must be a positive integer'),
+    (dict(chunk_size=2, chunk_bytes=100), 'not both'),
     (dict(reduction='max'), "unknown reduction 'max'"),
     (dict(devices=None), 'devices must be a list'),
     (dict(devices=3), 'devices must be a list'),
@@ -466,12 +489,15 @@ def test_host_update_of_output_chunk_overlaps_the_input_chunk_backward(
     iterator = chainer.iterators.SerialIterator(
         staged_models.dataset(), BATCH, shuffle=False)
     updater = cgdp_chainer.CGDPUpdater(
-        iterator, optimizer, ['@numpy'] * 2, chunk_size=3,
+        iterator, optimizer, ['@numpy'] * 2, chunk_size=2,
         timeline=timeline, workers=workers)
+    # The first iteration learns the ready order (one chunk); the second
+    # runs with the chunks.
+    updater.update()
     updater.update()
     updater.finalize()
-    assert len(updater.chunks) == 3
-    events = timeline.events_of(0)
+    assert len(updater.chunks) == 2
+    events = timeline.events_of(1)
     output_chunk = len(updater.chunks) - 1
     update_end = [e.end for e in events if e.device == 'host'
                   and e.kind == 'update' and e.chunk == output_chunk]
@@ -488,8 +514,10 @@ def test_host_reduction_order_within_a_chunk_backward_is_per_chunk():
     updater = _updater(devices=['@numpy'] * 3, chunk_size=1,
                        timeline=timeline)
     updater.update()
+    updater.update()
     updater.finalize()
-    events = timeline.events
+    events = timeline.events_of(1)
+    assert len(updater.chunks) == 4
     for chunk in range(len(updater.chunks)):
         backward_ends = [e.end for e in events
                          if e.kind == 'backward' and e.chunk == chunk]
@@ -534,8 +562,9 @@ def test_auto_chunk_size_search_trains_exactly_like_fixed_chunks():
     # The trial iterations are real training steps: any chunk size gives
     # the same parameters, so the searched run equals a fixed-size run.
     base = L.Classifier(staged_models.StagedMLP())
-    # More than the search's budget (4 sizes x 3 iterations for 7 stages),
-    # so the last iterations run with the chosen size.
+    # More than the search's budget (3 sizes x 3 iterations for 4 layers,
+    # after the first iteration), so the last iterations run with the
+    # chosen size.
     iterations = 16
     expected = train(copy.deepcopy(base), 'momentum', cgdp(2, chunk_size=1),
                      iterations=iterations, data=staged_models.dataset(n=96))
@@ -557,7 +586,7 @@ def test_auto_chunk_size_search_trains_exactly_like_fixed_chunks():
     assert_same_params(expected, actual)
     assert updater.chunk_size_search.done
     assert updater.chunk_size == updater.chunk_size_search.best
-    assert 1 <= updater.chunk_size <= updater.n_stages
+    assert 1 <= updater.chunk_size <= updater.n_layers
     assert len({size for size, _ in updater.chunk_size_search.history}) >= 2
     assert observed[-1] == updater.chunk_size
 

@@ -69,7 +69,10 @@ class ThreadReplicas(object):
     Args:
         master (chainer.Link): The master model, on the host.
         devices (list of chainer.backend.Device): One per replica.
-        loss_func (callable or None): As for ``CGDPUpdater``.
+        loss_func (callable or None): As for ``CGDPUpdater``. Each replica
+            gets its own copy, made together with the replica, so that a
+            loss function that refers to the model (a bound method, a
+            callable object holding it) refers to that replica.
         failures (FailureBox): Shared with the host accumulator.
         blas_threads (int or None): BLAS threads while CPU replicas compute.
     """
@@ -87,11 +90,13 @@ class ThreadReplicas(object):
         if any(devices_module.is_gpu(d) for d in devices):
             transfer_module.pin_master(master_params)
         self.replicas = []
+        self.loss_funcs = []
         self.ports = []
         for device in devices:
-            replica = copy.deepcopy(master)
+            replica, replica_loss = copy.deepcopy((master, loss_func))
             replica.to_device(device)
             self.replicas.append(replica)
+            self.loss_funcs.append(replica_loss)
             self.ports.append(transfer_module.make_transfer(
                 device, master_params, dict(replica.namedparams())))
         self._threads = []
@@ -107,21 +112,22 @@ class ThreadReplicas(object):
             deliver (callable): ``deliver(index, chunk, ready)``, the host
                 accumulator's, called when a chunk's gradients are sent.
         """
-        for index, (device, replica, port) in enumerate(zip(
-                self.devices, self.replicas, self.ports)):
+        for index, (device, replica, loss_func, port) in enumerate(zip(
+                self.devices, self.replicas, self.loss_funcs, self.ports)):
             link = _ThreadLink(index, deliver, self.failures)
             thread = threading.Thread(
                 target=self._serve, name='cgdp-replica-{}'.format(index),
-                args=(index, device, replica, port, link), daemon=True)
+                args=(index, device, replica, loss_func, port, link),
+                daemon=True)
             thread.start()
             self._threads.append(thread)
 
-    def _serve(self, index, device, replica, port, link):
+    def _serve(self, index, device, replica, loss_func, port, link):
         where = 'replica {} ({}) thread'.format(index, device)
         with worker_module.device_scope(device):
             try:
                 replica_worker = worker_module.ReplicaWorker(
-                    index, device, replica, port, link, self.loss_func)
+                    index, device, replica, port, link, loss_func)
             except BaseException as error:
                 self.failures.fail(error, where)
                 return
@@ -197,7 +203,8 @@ class ProcessReplicas(object):
         master (chainer.Link): The master model, on the host.
         devices (list of chainer.backend.Device): One per replica.
         loss_func (callable or None): As for ``CGDPUpdater``; must be
-            picklable.
+            picklable. It travels in one pickle with the replica, so that
+            one that refers to the model refers to the worker's replica.
         failures (FailureBox): Shared with the host accumulator.
         blas_threads (int or None): BLAS threads of each CPU worker.
         start_method (str): ``'spawn'`` or ``'forkserver'`` (CUDA forbids
@@ -220,8 +227,9 @@ class ProcessReplicas(object):
         self.blas_limit = blas.threads_per_replica(
             cpu_replica_count(devices), blas_threads)
         master_params = dict(master.namedparams())
-        self._replica_bytes = _pickle_replica(master, master_params)
-        self._loss_bytes = _pickle_or_explain(loss_func, 'loss_func')
+        _pickle_or_explain(loss_func, 'loss_func')
+        self._replica_bytes = _pickle_replica((master, loss_func),
+                                              master_params)
         specs = [(name, p.array.shape, p.array.dtype)
                  for name, p in master_params.items()]
         self._master_arena = shared.SharedArena.create(specs)
@@ -272,7 +280,6 @@ class ProcessReplicas(object):
             init = _WorkerInit(
                 index=index, device_spec=_device_spec(device),
                 replica_bytes=self._replica_bytes,
-                loss_bytes=self._loss_bytes,
                 master_layout=self._master_arena.layout,
                 slot_layout=self._slot_arenas[index].layout,
                 blas_threads=self.blas_limit, parent_pid=os.getpid())
@@ -512,8 +519,9 @@ class _ReplicaPickler(pickle.Pickler):
     def __init__(self, file, master_params):
         super(_ReplicaPickler, self).__init__(file, pickle.HIGHEST_PROTOCOL)
         self._arrays = {id(p.array): name for name, p in master_params.items()}
+        # A lazy parameter (array None) has no gradient to leave out yet.
         self._grads = {id(p.grad) for p in master_params.values()
-                       if p.grad is not None}
+                       if p.array is not None and p.grad is not None}
 
     def persistent_id(self, obj):
         if isinstance(obj, numpy.ndarray):
@@ -542,8 +550,8 @@ class _ReplicaUnpickler(pickle.Unpickler):
 def check_picklable(master, loss_func):
     """Raises ValueError, naming the fix, unless the model and ``loss_func``
     can travel to worker processes (cheap: parameters are left out)."""
-    _pickle_replica(master, dict(master.namedparams()))
     _pickle_or_explain(loss_func, 'loss_func')
+    _pickle_replica((master, loss_func), dict(master.namedparams()))
 
 
 def _pickle_replica(master, master_params):
@@ -643,10 +651,9 @@ class _WorkerServer(object):
         self._blas.__enter__()  # for the life of the process
         self.master_arena = shared.SharedArena.attach(init.master_layout)
         self.slot_arena = shared.SharedArena.attach(init.slot_layout)
-        replica = _ReplicaUnpickler(
+        replica, loss_func = _ReplicaUnpickler(
             io.BytesIO(init.replica_bytes),
             self.master_arena.arrays).load()
-        loss_func = pickle.loads(init.loss_bytes)
         self.scope = worker_module.device_scope(self.device)
         self.scope.__enter__()
         replica_params = dict(replica.namedparams())

@@ -1,9 +1,9 @@
 """CGDPUpdater: CPU-GPU data parallel training as a Chainer updater."""
 import collections
 import copy
+import hashlib
 import numbers
 import time
-import warnings
 
 import chainer
 from chainer.dataset import convert
@@ -15,10 +15,22 @@ from cgdp_chainer import blas
 from cgdp_chainer import chunking
 from cgdp_chainer import devices as devices_module
 from cgdp_chainer.runtime import channels
+from cgdp_chainer.runtime import readiness
 from cgdp_chainer.runtime import worker as worker_module
 
 REDUCTIONS = ('mean', 'sum')
 WORKER_KINDS = channels.WORKER_KINDS
+
+# The default chunk: consecutive layers (in backward order) holding at least
+# this many bytes of parameters, as PyTorch DDP fills its buckets. Smaller
+# chunks shrink the exposed last sync; each chunk costs a message per
+# replica and a host task (see benchmarks/any_model.py for the trade-off).
+DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
+
+# The 'auto' search starts at the layer count that gives at most this many
+# chunks, so that it stays within a few dozen iterations on deep networks
+# (ResNet-152 has over 300 layers).
+AUTO_SEARCH_MAX_CHUNKS = 64
 
 # Named chunk-size policies that need more than the runtime: higher layers
 # register them (the cost model registers 'model' in cgdp_chainer/__init__),
@@ -42,15 +54,31 @@ def chunk_size_policies():
 
 
 class CGDPUpdater(standard_updater.StandardUpdater):
-    """Data parallel updater whose master weights and optimizer live on the host.
+    """Data parallel updater with master weights and optimizer on the host.
 
     Each device holds a replica of the optimizer's target and computes the
-    gradients of its share of the batch. The backward runs chunk by chunk
-    from the output end; as soon as a chunk is done on a device, its
-    gradients go to the host accumulator, which sums the chunk over the
-    devices, runs the optimizer's update rules for it and sends the new
-    weights back, while the devices go on with the backward of earlier
-    chunks. Only the last chunk's sync (the first layers') is exposed.
+    gradients of its share of the batch with an ordinary forward and one
+    backward. As soon as the gradients of a chunk of layers are final on a
+    device (its parameters' last uses have been backpropagated), they go to
+    the host accumulator, which sums the chunk over the devices, runs the
+    optimizer's update rules for it and sends the new weights back, while
+    the devices go on with the backward of earlier layers. Only the last
+    chunk's sync (the first layers') is exposed, and the next forward of a
+    layer waits only for its own chunk's new weights.
+
+    Any :class:`chainer.Link` trains this way: branches, skip connections,
+    tied weights, parameters unused in an iteration, a graph that changes
+    from one iteration to the next. A *layer* is a link that directly owns
+    parameters; chunks are runs of consecutive layers in the order their
+    gradients became ready in the first iteration (which hands the whole
+    model over after its backward, to learn that order), fixed afterwards
+    and the same on every replica and MPI rank. A parameter that a replica
+    did not use counts as a zero gradient there; one that no replica used
+    is updated with a zero gradient, as ``StandardUpdater`` (whose
+    ``optimizer.update()`` reallocates cleared gradients as zeros) does.
+    Lazily initialized parameters (``L.Linear(None, n)``) are initialized
+    at the first update by a forward of the master on the whole first batch,
+    exactly as ``StandardUpdater`` would, before the replicas are built.
 
     Usable wherever :class:`~chainer.training.updaters.ParallelUpdater` is.
     The optimizer's target (the user's model) is the master: it is moved to
@@ -59,6 +87,12 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     per device; after each iteration those of the first device are copied
     to the master, so evaluation and snapshots use the first replica's, as
     with ``ParallelUpdater``, whose main model is the first device's.
+    Reported values (``main/loss``, ...) are the batch-weighted means over
+    the devices, as Variables when the model reported Variables; at the
+    first iteration, when ``chainer.config.keep_graph_on_report`` is on (as
+    :class:`~chainer.training.extensions.DumpGraph` sets it), ``main/loss``
+    is the loss of a forward of the master on the whole batch, with its
+    graph.
 
     By default every replica runs in a worker process of its own
     (``workers='process'``), so that Chainer's Python work runs in parallel;
@@ -68,14 +102,13 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     the workers import the script's module. ``workers='thread'`` runs the
     replicas as threads of this process instead (they then share the
     interpreter lock). Worker processes start at the first ``update()``
-    and stay until :meth:`finalize`.
+    and stay until :meth:`finalize`. ``'@numpy'`` replicas read the
+    master's arrays; each gets ``blas_threads`` BLAS threads, since replicas
+    that all use every core slow each other down.
 
-    Chunks come from the ``stages`` of the target, or of its ``predictor``
-    for a :class:`~chainer.links.Classifier` (see ``docs/INTERFACES.md``).
-    A target without stages is one chunk: it trains correctly, without
-    overlap. ``'@numpy'`` replicas read the master's arrays; each gets
-    ``blas_threads`` BLAS threads, since replicas that all use every core
-    slow each other down.
+    Not supported, and refused at the first iteration: ``F.forget`` (its
+    backward recomputes the forward behind the per-layer hand-over) and
+    loss scaling.
 
     Args:
         iterator: Dataset iterator for the training dataset (or a dict with
@@ -84,24 +117,30 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             its hooks and state live on the host.
         devices (str or sequence): Device specifiers, one per replica:
             ``'@numpy'`` (may repeat) or ``'@cupy:N'``.
-        chunk_size (int, sequence, str or callable): Stages per chunk; or
-            the stage indices at which chunks start; or ``'auto'`` (the
-            runtime search times the first iterations with growing chunk
-            sizes and keeps the fastest) or ``'model'`` (chosen by the cost
-            model from a profile of the first batch); or a chooser,
-            ``chooser(replica, device, in_arrays, n_devices, loss_func,
-            host_threads, workers) -> int``, called once before the first
-            iteration on a copy of the model.
+        chunk_size (int, sequence, str, callable or None): Layers per chunk,
+            counted in backward order from the output end (a shorter
+            remainder is the input-side chunk); or the layer indices, in
+            backward order (0 is the output-side layer), at which chunks
+            start; or ``'auto'`` (the runtime search times iterations with
+            doubling chunk sizes and keeps the fastest) or ``'model'``
+            (chosen by the cost model from a profile of the first batch);
+            or a chooser, ``chooser(replica, device, in_arrays, n_devices,
+            loss_func, host_threads, workers) -> int`` (layers per chunk; a
+            value above the number of layers means one chunk), called once
+            before the first iteration on a copy of the model. Default:
+            chunks of about :data:`DEFAULT_CHUNK_BYTES` (see
+            ``chunk_bytes``).
+        chunk_bytes (int or None): Instead of ``chunk_size``: consecutive
+            layers join a chunk until it holds at least this many bytes of
+            parameters (PyTorch DDP's buckets).
         reduction (str): ``'mean'``: the result equals one device training
             on the whole batch (``StandardUpdater``); ``'sum'``: it equals
             ``ParallelUpdater``.
         converter: Converter for each device's share of the batch; it is
             called in this process with the CPU device, and the arrays are
             sent to the replica's device there.
-        loss_func (callable): For a staged target: ``loss_func(y, *labels)``
-            computes the loss from the last stage's output (defaults to the
-            target's ``head`` or its Classifier loss). For a target without
-            stages: ``loss_func(*in_arrays)``, as in ``StandardUpdater``.
+        loss_func (callable): ``loss_func(*in_arrays)`` returns the loss,
+            as in ``StandardUpdater``; by default the target itself.
         timeline (cgdp_chainer.Timeline): Records every event if given.
         blas_threads (int or None): BLAS threads of each ``'@numpy'``
             replica; default: CPU cores divided by the CPU replicas.
@@ -115,11 +154,11 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             ``'forkserver'``.
     """
 
-    def __init__(self, iterator, optimizer, devices, chunk_size=1,
+    def __init__(self, iterator, optimizer, devices, chunk_size=None,
                  reduction='mean', converter=convert.concat_examples,
                  loss_func=None, timeline=None, blas_threads=None,
                  host_threads=None, mpi_comm=None, auto_new_epoch=True,
-                 workers='process', start_method='spawn'):
+                 workers='process', start_method='spawn', chunk_bytes=None):
         _check_arguments(devices, reduction, timeline, blas_threads,
                          host_threads, workers, start_method, converter,
                          loss_func)
@@ -140,32 +179,26 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                 'every device needs at least one example'.format(
                     batch_size, len(self._devices)))
         optimizer = self.get_optimizer('main')
+        readiness.refuse_loss_scaling(optimizer)
         master = optimizer.target
         master.to_device('@numpy')
-        self._stages = chunking.find_stages(master)
-        if self._stages is None:
-            warnings.warn(
-                '{} has no stages: CGDP trains it as one chunk, so the '
-                'sync cannot overlap the backward'.format(
-                    type(master).__name__), stacklevel=2)
-        else:
-            chunking.find_head(master, loss_func)  # fails early if none
-            if len(self._stages) == 0:
-                raise ValueError('{} has an empty stage list'.format(
-                    type(master).__name__))
+        self._names = [name for name, _ in master.namedparams()]
+        if not self._names:
+            raise ValueError('{} has no parameters: there is nothing to '
+                             'train'.format(type(master).__name__))
+        self._n_layers = len({readiness.owner_of(n) for n in self._names})
         self._search = None
         self._chooser = None
-        self._set_chunk_size(self._initial_chunk_size(chunk_size))
+        self._chunk_size = None
+        self._spec = self._parse_chunking(chunk_size, chunk_bytes)
+        self._ready = None       # the first iteration's BackwardReport
+        self._plan = None        # the ChunkPlan once formed
+        self._plan_sent = False  # whether the replicas hold self._plan
+        self._chunk_names = worker_module.runtime_chunk_names(
+            worker_module.whole_model_plan(self._names))
 
+        self._mpi_comm = mpi_comm
         self._allreducer = None
-        if mpi_comm is not None:
-            from cgdp_chainer import mpi
-            mpi.check_consistency(mpi_comm, master, optimizer)
-            # Every rank starts from rank 0's weights, before replicas are
-            # copied from the master.
-            mpi.broadcast_parameters(mpi_comm, master)
-            self._allreducer = mpi.ChunkAllreducer(mpi_comm)
-
         if workers == 'process':
             channels.check_picklable(master, loss_func)
         self._failures = accumulator_module.FailureBox()
@@ -179,17 +212,32 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     # -- chunking ---------------------------------------------------------
 
     @property
+    def n_layers(self):
+        """Layers of the model: links that directly own parameters."""
+        return self._n_layers
+
+    @property
     def n_stages(self):
-        return 1 if self._stages is None else len(self._stages)
+        """Stages the target declares (for the cost model's per-stage
+        profile; the runtime does not use them), 1 if none."""
+        stages = chunking.find_stages(self.get_optimizer('main').target)
+        return 1 if not stages else len(stages)
+
+    @property
+    def chunk_plan(self):
+        """The :class:`~cgdp_chainer.runtime.readiness.ChunkPlan` in use,
+        or None until the first iteration has formed it."""
+        return self._plan
 
     @property
     def chunks(self):
-        """``(start, stop)`` stage ranges of the current chunks."""
-        return list(self._chunks)
+        """Parameter names of each chunk, input side first (the first
+        iteration, before the plan is formed, runs one chunk)."""
+        return [list(names) for names in self._chunk_names]
 
     @property
     def chunk_size(self):
-        """The chunk size in use (``None`` when given as boundaries)."""
+        """Layers per chunk in use (``None`` for boundaries or bytes)."""
         return self._chunk_size
 
     @property
@@ -216,46 +264,120 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             return None
         return self._replicas.round_trip_seconds(repeats)
 
-    def _initial_chunk_size(self, chunk_size):
+    def _parse_chunking(self, chunk_size, chunk_bytes):
+        """Checks ``chunk_size`` / ``chunk_bytes``; returns the spec
+        ``(kind, value)`` that forms the plan (``kind``: ``'size'``,
+        ``'bytes'`` or ``'boundaries'``)."""
+        n = self._n_layers
+        if chunk_bytes is not None:
+            if chunk_size is not None:
+                raise ValueError(
+                    'give chunk_size (layers per chunk) or chunk_bytes '
+                    '(bytes per chunk), not both; got chunk_size={!r}, '
+                    'chunk_bytes={!r}'.format(chunk_size, chunk_bytes))
+            if isinstance(chunk_bytes, bool) or not isinstance(
+                    chunk_bytes, numbers.Integral) or chunk_bytes < 1:
+                raise ValueError('chunk_bytes must be a positive integer '
+                                 '(bytes per chunk); got {!r}'.format(
+                                     chunk_bytes))
+            return ('bytes', int(chunk_bytes))
+        if chunk_size is None:
+            return ('bytes', DEFAULT_CHUNK_BYTES)
         if isinstance(chunk_size, str):
             if chunk_size != 'auto' and chunk_size not in \
                     _CHUNK_SIZE_POLICIES:
                 raise ValueError(
-                    'unknown chunk_size {!r}; use an int from 1 to {}, a '
-                    'list of chunk boundaries, a chooser, or one of {}'.format(
-                        chunk_size, self.n_stages,
-                        ', '.join(chunk_size_policies())))
-            if self._stages is None:
-                return 1
+                    'unknown chunk_size {!r}; use an int from 1 to {} (layers '
+                    'per chunk), a list of chunk boundaries, a chooser, None '
+                    'or one of {}'.format(chunk_size, n,
+                                          ', '.join(chunk_size_policies())))
             if chunk_size == 'auto':
                 from cgdp_chainer import chunk_search
-                self._search = chunk_search.ChunkSizeSearch(self.n_stages)
-                return self._search.current_size
+                start = max(1, -(-n // AUTO_SEARCH_MAX_CHUNKS))
+                self._search = chunk_search.ChunkSizeSearch(n, start=start)
+                return self._size_spec(self._search.current_size)
             self._chooser = _CHUNK_SIZE_POLICIES[chunk_size]()
-            return 1  # until the chooser has seen the first batch
+            return ('bytes', DEFAULT_CHUNK_BYTES)  # until it has chosen
         if callable(chunk_size):
-            if self._stages is not None:
-                self._chooser = chunk_size
-            return 1
-        if self._stages is None:
-            if chunk_size not in (1, [0], (0,)):
+            self._chooser = chunk_size
+            return ('bytes', DEFAULT_CHUNK_BYTES)
+        if isinstance(chunk_size, (list, tuple)):
+            starts = list(chunk_size)
+            if starts[:1] == [0]:
+                starts = starts[1:]  # chunk 0 always starts at layer 0
+            if any(isinstance(b, bool) or not isinstance(b, numbers.Integral)
+                   for b in starts) or any(
+                       b <= a for a, b in zip([0] + starts, starts)) or (
+                           starts and starts[-1] >= n):
                 raise ValueError(
-                    'chunk_size={!r} needs a model with stages; this one '
-                    'has none, so it is one chunk'.format(chunk_size))
-            return 1
-        return chunk_size
+                    'chunk boundaries {!r} must be strictly increasing layer '
+                    'indices in backward order, from 0 (the output-side '
+                    'layer) to {} (the model has {} layers)'.format(
+                        list(chunk_size), n - 1, n))
+            return ('boundaries', [int(b) for b in starts])
+        if isinstance(chunk_size, bool) or not isinstance(
+                chunk_size, numbers.Integral):
+            raise ValueError(
+                'chunk_size must be an int from 1 to {} (layers per chunk), '
+                "a list of chunk boundaries, 'auto', 'model', a chooser or "
+                'None; got {!r}'.format(n, chunk_size))
+        if not 1 <= chunk_size <= n:
+            raise ValueError(
+                'chunk_size={} is out of range: the model has {} layers '
+                '(links that own parameters), so use 1 to {}'.format(
+                    chunk_size, n, n))
+        return self._size_spec(int(chunk_size))
 
-    def _set_chunk_size(self, chunk_size):
-        self._chunks = chunking.plan_chunks(self.n_stages, chunk_size)
-        self._chunk_size = chunk_size if isinstance(chunk_size, int) else None
+    def _size_spec(self, size):
+        self._chunk_size = size
+        return ('size', min(size, self._n_layers))
+
+    def _plan_from(self, report):
+        """The plan ``self._spec`` gives for one backward's ready order."""
+        kind, value = self._spec
+        if kind == 'size':
+            return readiness.ChunkPlan.from_ready_order(
+                report.order, report.unused, chunk_size=value)
+        if kind == 'boundaries':
+            return readiness.ChunkPlan.from_ready_order(
+                report.order, report.unused, boundaries=value or None,
+                chunk_size=None if value else self._n_layers)
         master = self.get_optimizer('main').target
-        if self._stages is None:
-            self._chunk_names = [[n for n, _ in master.namedparams()]]
-        else:
-            self._chunk_names = chunking.assign_parameters(
-                master, self._stages, self._chunks)
-        if getattr(self, '_accumulator', None) is not None:
+        return readiness.ChunkPlan.from_ready_order(
+            report.order, report.unused, chunk_bytes=value,
+            nbytes=readiness.parameter_nbytes(master.namedparams()))
+
+    def _form_plan(self, reports):
+        """Forms the plan from the first iteration's ready orders and checks
+        that every replica and every rank forms the same one."""
+        plans = [self._plan_from(report) for report in reports]
+        plans[0].check_same([p.fingerprint for p in plans], what='replica')
+        if self._allreducer is not None:
+            digest = int(hashlib.sha256(
+                plans[0].fingerprint.encode('utf-8')).hexdigest()[:12], 16)
+            low = self._allreducer.allreduce_int(digest, op='min')
+            high = self._allreducer.allreduce_int(digest, op='max')
+            if low != high:
+                raise RuntimeError(
+                    'the chunk plans differ between MPI ranks (this rank '
+                    'formed {}); every rank must see the same first-iteration '
+                    'graph'.format(plans[0].fingerprint))
+        self._ready = reports[0]
+        self._use_plan(plans[0])
+
+    def _use_plan(self, plan):
+        if plan == self._plan:
+            return
+        self._plan = plan
+        self._plan_sent = False
+        self._chunk_names = worker_module.runtime_chunk_names(plan)
+        if self._accumulator is not None:
             self._accumulator.chunk_names = self._chunk_names
+
+    def _set_chunk_size(self, size):
+        self._spec = self._size_spec(size)
+        if self._ready is not None:
+            self._use_plan(self._plan_from(self._ready))
 
     # -- the iteration ----------------------------------------------------
 
@@ -271,11 +393,12 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                 'the batch has {} examples, fewer than the {} devices'.format(
                     len(batch), n))
         host = chainer.get_device('@numpy')
+        first_reports = None
+        if self._replicas is None:
+            first_reports = self._start(batch)
         inputs = [convert._call_converter(self.converter, batch[i::n], host)
                   for i in range(n)]
         shares = [len(batch[i::n]) / len(batch) for i in range(n)]
-        if self._replicas is None:
-            self._start(inputs[0])
 
         timeline = self.timeline
         start = timeline.now() if timeline is not None else None
@@ -287,9 +410,12 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             if self._refresh_persistents else None)
         self._refresh_persistents = False
         config = worker_module.caller_config()
+        forming = self._plan is None
+        plan = None if forming or self._plan_sent else self._plan
+        self._plan_sent = not forming
         jobs = [worker_module.Job(
-            iteration=self.iteration, seed=seeds[i], chunks=self._chunks,
-            chunk_names=self._chunk_names,
+            iteration=self.iteration, seed=seeds[i], plan=plan,
+            fingerprint=None if forming else self._plan.fingerprint,
             record_events=timeline is not None,
             send_persistents=(i == 0 and self._has_persistents),
             persistents=refresh, config=config) for i in range(n)]
@@ -315,6 +441,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             worker_module.load_persistents(master, results[0].persistents,
                                            host)
         self._report([r.observation for r in results], shares)
+        if first_reports:
+            chainer.report(first_reports)
         if timeline is not None:
             for index, result in enumerate(results):
                 for kind, chunk, begin, end in result.events:
@@ -323,22 +451,53 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                                     end - timeline.origin)
             timeline.end_iteration(self.iteration, start, timeline.now(),
                                    sync_end)
+        if forming:
+            try:
+                self._form_plan([r.ready for r in results])
+            except BaseException:
+                self._stop_replicas()
+                raise
         if self._search is not None:
             # The size this iteration ran with; LogReport keeps the trail.
             chainer.report({'cgdp/chunk_size': self._chunk_size})
-            if not self._search.done:
+            # The first iteration runs one chunk to learn the ready order:
+            # its time says nothing about the size being tried.
+            if not self._search.done and not forming:
                 self._advance_search(seconds)
 
         if self.auto_new_epoch and iterator.is_new_epoch:
             self.get_optimizer('main').new_epoch(auto=True)
 
-    def _start(self, sample_inputs):
-        """Chooses the chunk size if a chooser is waiting, then builds the
-        replicas, the host accumulator and starts the workers."""
+    def _start(self, batch):
+        """Initializes lazy parameters, checks the MPI ranks, chooses the
+        chunk size if a chooser is waiting, then builds the replicas, the
+        host accumulator and starts the workers.
+
+        Returns:
+            dict: Values with their graphs to report for the first iteration
+            (from the master's forward on the whole batch), or None.
+        """
         optimizer = self.get_optimizer('main')
         master = optimizer.target
+        readiness.refuse_loss_scaling(optimizer)
+        host = chainer.get_device('@numpy')
+        first_reports = None
+        if readiness.has_uninitialized_params(master) or \
+                chainer.config.keep_graph_on_report:
+            first_reports = self._forward_on_master(
+                convert._call_converter(self.converter, batch, host))
+            master.to_device('@numpy')
+        if self._mpi_comm is not None:
+            from cgdp_chainer import mpi
+            mpi.check_consistency(self._mpi_comm, master, optimizer)
+            # Every rank starts from rank 0's weights, before replicas are
+            # copied from the master.
+            mpi.broadcast_parameters(self._mpi_comm, master)
+            self._allreducer = mpi.ChunkAllreducer(self._mpi_comm)
         if self._chooser is not None:
-            self._choose_chunk_size(master, sample_inputs)
+            n = len(self._devices)
+            self._choose_chunk_size(master, convert._call_converter(
+                self.converter, batch[0::n], host))
         if self.workers == 'process':
             replicas = channels.ProcessReplicas(
                 master, self._devices, self.loss_func, self._failures,
@@ -360,12 +519,47 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self._replicas = replicas
             self._stop_replicas()
             raise
+        return first_reports
+
+    def _forward_on_master(self, in_arrays):
+        """StandardUpdater's first forward on the master: initializes lazy
+        parameters with exactly its values and gives the loss with its
+        graph. BatchNormalization statistics it touched are put back, so
+        that the replicas' first forward is the only one counted."""
+        master = self.get_optimizer('main').target
+        saved = {key: value for key, value in
+                 worker_module.save_persistents(master).items()
+                 if value is not None}
+        reporter = chainer.Reporter()
+        reporter.add_observer('main', master)
+        reporter.add_observers('main', master.namedlinks(skipself=True))
+        observation = {}
+        with reporter.scope(observation):
+            loss = readiness.initialize_from_first_batch(
+                self.loss_func or master, in_arrays)
+        worker_module.load_persistents(master, saved,
+                                       chainer.get_device('@numpy'))
+        graphs = {key: value for key, value in observation.items()
+                  if isinstance(value, chainer.Variable) and
+                  value.creator is not None}
+        if chainer.config.keep_graph_on_report and 'main/loss' not in graphs:
+            graphs['main/loss'] = loss
+        return graphs
 
     def _report(self, observations, shares):
         totals = {}
+        dtypes = {}
         for observation, share in zip(observations, shares):
             for key, value in observation.items():
+                if isinstance(value, numpy.ndarray):
+                    dtypes[key] = value.dtype
+                    value = value.astype(numpy.float64)
                 totals[key] = totals.get(key, 0.0) + share * value
+        for key, dtype in dtypes.items():
+            # A Variable, as the model reported it (without its graph, as
+            # the Reporter keeps it by default).
+            totals[key] = chainer.Variable(numpy.asarray(totals[key],
+                                                         dtype=dtype))
         chainer.report(totals)
 
     def _choose_chunk_size(self, master, sample_inputs):
@@ -384,12 +578,17 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                 self._host_threads,
                 self.workers)
         del replica
+        if isinstance(size, bool) or not isinstance(
+                size, numbers.Integral) or size < 1:
+            raise ValueError(
+                'the chunk-size chooser returned {!r}; it must return a '
+                'positive int (layers per chunk)'.format(size))
         if self._allreducer is not None:
             # Ranks profile separately; all must cut the model alike.
             size = self._allreducer.allreduce_int(
                 size if self._allreducer.rank == 0 else 0, op='max')
         self._chooser = None
-        self._set_chunk_size(size)
+        self._set_chunk_size(int(size))
 
     def _advance_search(self, seconds):
         if self._allreducer is not None:

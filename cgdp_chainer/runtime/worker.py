@@ -1,4 +1,4 @@
-"""One replica's iteration: forward, chunked backward, hand-over per chunk.
+"""One replica's iteration: forward, backward, hand-over per chunk.
 
 :class:`ReplicaWorker` is the only code that runs a replica. The thread
 runtime calls it from a thread of the user's process, the process runtime
@@ -6,6 +6,15 @@ from a worker process (see :mod:`cgdp_chainer.runtime.channels`); what
 differs between the two is given to it when it is built: the replica, its
 transfer (how gradients leave and weights arrive) and its link to the host
 (how a finished chunk is announced, and how it learns that it must stop).
+
+Any ``chainer.Link`` runs the same way: an ordinary forward, then one
+backward (:class:`~cgdp_chainer.runtime.readiness.ReadinessBackward`) that
+hands each chunk of layers to the host as soon as the gradients of all its
+parameters are final. The first iteration forms no chunks: it hands the
+whole model over after its backward and returns the order in which the
+parameters became ready, from which the updater forms the
+:class:`~cgdp_chainer.runtime.readiness.ChunkPlan` that every later
+iteration gets in its :class:`Job`.
 """
 import collections
 import threading
@@ -14,22 +23,24 @@ import time
 import chainer
 import numpy
 
-from cgdp_chainer import chunking
 from cgdp_chainer import devices as devices_module
 from cgdp_chainer import randomness
 from cgdp_chainer.accumulator import Aborted  # NOQA: one exception for all
+from cgdp_chainer.runtime import readiness
 
 Job = collections.namedtuple(
-    'Job', ('iteration', 'seed', 'chunks', 'chunk_names', 'record_events',
+    'Job', ('iteration', 'seed', 'plan', 'fingerprint', 'record_events',
             'send_persistents', 'persistents', 'config'))
 Job.__doc__ = """What a replica needs for one iteration.
 
 Attributes:
     iteration (int): The updater's iteration.
     seed (int): Seed of the replica's dropout random state.
-    chunks (list of (int, int)): Stage ranges of the chunks, input side
-        first.
-    chunk_names (list of list of str): Parameter paths of each chunk.
+    plan (ChunkPlan or None): The chunks, sent when they change (the
+        replica keeps them); ``None`` keeps the replica's current plan.
+    fingerprint (str or None): The fingerprint of the plan to run with;
+        ``None`` for the iteration that forms the plan, which hands the
+        whole model over as one chunk and returns its ready order.
     record_events (bool): Whether to time forward and backward per chunk.
     send_persistents (bool): Whether to return the replica's persistent
         values (BatchNormalization statistics) after the iteration.
@@ -42,9 +53,10 @@ Attributes:
 """
 
 # Settings of chainer.config that a replica takes over from the caller;
-# the others (enable_backprop, the recomputation flags) are the runtime's.
+# the others (enable_backprop, the recomputation flags, the reporter's
+# graph keeping) are the runtime's.
 _SKIPPED_CONFIG = ('enable_backprop', 'in_recomputing', '_will_recompute',
-                   'schedule_func')
+                   'schedule_func', 'keep_graph_on_report')
 
 
 def caller_config():
@@ -54,15 +66,51 @@ def caller_config():
             if key not in _SKIPPED_CONFIG}
 
 IterationResult = collections.namedtuple(
-    'IterationResult', ('observation', 'events', 'persistents'))
+    'IterationResult', ('observation', 'events', 'persistents', 'ready'))
 IterationResult.__doc__ = """What a replica hands back after an iteration.
 
 Attributes:
-    observation (dict): Reported values (``main/loss``, ...) as floats.
+    observation (dict): Reported values (``main/loss``, ...): a reported
+        Variable or array as a 0-dimensional NumPy array of its dtype,
+        anything else as a float.
     events (list): ``(kind, chunk, start, end)``, ``time.perf_counter``
         seconds (one monotonic clock for every process on the machine).
     persistents (dict or None): The replica's persistent values, if asked.
+    ready (BackwardReport or None): The ready order of the backward, in the
+        iteration that forms the plan.
 """
+
+
+def whole_model_plan(names):
+    """The plan of the iteration that forms the real one: every layer in
+    one chunk, handed over after the backward.
+
+    Args:
+        names (sequence of str): The model's parameter names.
+
+    Returns:
+        ChunkPlan: One chunk.
+    """
+    names = tuple(names)
+    return readiness.ChunkPlan.from_ready_order(names,
+                                                chunk_size=len(names))
+
+
+def runtime_chunk(plan, index):
+    """The runtime's index of a plan's chunk.
+
+    A :class:`~cgdp_chainer.runtime.readiness.ChunkPlan` counts chunks in
+    backward order (0 is the output side); the host accumulator, the MPI
+    sequence numbers and the timeline count from the input side (0 holds
+    the first layers, whose sync is the exposed one).
+    """
+    return plan.n_chunks - 1 - index
+
+
+def runtime_chunk_names(plan):
+    """Parameter names per chunk in the runtime's order (input side
+    first), for the host accumulator."""
+    return [list(names) for names in reversed(plan.chunks)]
 
 
 _running = threading.local()
@@ -87,7 +135,8 @@ class ReplicaWorker(object):
         host: Its link to the host: ``deliver(iteration, chunk, ready)``
             after a chunk's gradients are sent, and ``check()``, which
             raises :class:`Aborted` once the iteration must stop.
-        loss_func (callable or None): As for ``CGDPUpdater``.
+        loss_func (callable or None): ``loss_func(*in_arrays)`` returns the
+            loss, as in ``StandardUpdater``; by default the replica itself.
     """
 
     def __init__(self, index, device, replica, transfer, host,
@@ -98,10 +147,12 @@ class ReplicaWorker(object):
         self.transfer = transfer
         self.host = host
         self.loss_func = loss_func
-        # Found once: the stage list and the loss head do not change.
-        self.stages = chunking.find_stages(replica)
-        self.head = (chunking.find_head(replica, loss_func)
-                     if self.stages is not None else None)
+        self.backward = readiness.ReadinessBackward(replica.namedparams())
+        self._forming_plan = whole_model_plan(self.backward.names)
+        self._plan = None
+        self._uses = None
+        self._early = ()
+        self._hook = None
         self.reporter = chainer.Reporter()
         self.reporter.add_observer('main', replica)
         self.reporter.add_observers('main', replica.namedlinks(skipself=True))
@@ -114,8 +165,26 @@ class ReplicaWorker(object):
             in_arrays: The converted sub-batch, in host memory.
 
         Returns:
-            IterationResult: Its observation, events and persistents.
+            IterationResult: Its observation, events, persistents and, when
+            the job forms the plan, the ready order.
+
+        Raises:
+            RuntimeError: The job's plan is not the one this replica holds.
         """
+        if job.plan is not None:
+            self._adopt(job.plan)
+        forming = job.fingerprint is None
+        if forming:
+            plan = self._forming_plan
+        else:
+            plan = self._plan
+            if plan is None or plan.fingerprint != job.fingerprint:
+                raise RuntimeError(
+                    'replica {} holds the chunk plan {!r}, but iteration {} '
+                    'runs with {!r}; every replica must use the same '
+                    'chunks'.format(self.index, getattr(
+                        plan, 'fingerprint', None), job.iteration,
+                        job.fingerprint))
         if job.persistents is not None:
             load_persistents(self.replica, job.persistents, self.device)
         clock = _Clock(job.record_events, self.transfer)
@@ -127,54 +196,90 @@ class ReplicaWorker(object):
                 randomness.thread_random_state(job.seed), \
                 self.reporter.scope(observation), \
                 chainer.using_config('enable_backprop', True):
-            if self.stages is None:
-                self._whole_model(job, in_arrays, clock)
-            else:
-                self._chunked(job, in_arrays, clock)
+            report = self._iterate(job, plan, in_arrays, clock, forming)
         return IterationResult(
-            observation={
-                key: float(chainer.backends.cuda.to_cpu(
-                    getattr(value, 'array', value)))
-                for key, value in observation.items()},
+            observation={key: _observed_value(value)
+                         for key, value in observation.items()},
             events=clock.flush(),
             persistents=(save_persistents(replica)
-                         if job.send_persistents else None))
+                         if job.send_persistents else None),
+            ready=report if forming else None)
 
-    def _whole_model(self, job, in_arrays, clock):
+    def _iterate(self, job, plan, in_arrays, clock, forming):
         self.host.check()
-        self.transfer.wait_params(0)
+        for chunk in self._early:
+            self.transfer.wait_params(chunk)
         token = clock.stamp()
+        if forming:
+            # The first forward also finds the parameters used outside
+            # their own link, for the chunk waits of the next forwards.
+            with readiness.ParameterUses(self.replica) as uses:
+                loss = self._loss(in_arrays)
+            self._uses = uses
+        else:
+            loss = self._loss(in_arrays)
+        clock.add('forward', None, token)
+
+        started = [clock.stamp()]
+
+        def hand_over(index):
+            self.host.check()
+            chunk = runtime_chunk(plan, index)
+            clock.add('backward', chunk, started[0])
+            ready = self.transfer.send_grads(plan.chunks[index])
+            self.host.deliver(job.iteration, chunk, ready)
+            started[0] = clock.stamp()
+
+        chunks = readiness.ChunkReadiness(plan, hand_over)
+        chunks.start()
+        report = self.backward.backward(loss, chunks)
+        if not chunks.complete:  # every parameter is reported once
+            raise RuntimeError('the readiness backward left chunks '
+                               'undelivered')
+        return report
+
+    def _loss(self, in_arrays):
         loss = _call_with(self.loss_func or self.replica, in_arrays)
-        clock.add('forward', 0, token)
-        token = clock.stamp()
-        loss.backward()
-        clock.add('backward', 0, token)
-        self._hand_over(job, 0)
+        if not isinstance(loss, chainer.Variable):
+            raise ValueError(
+                'the loss function must return a chainer.Variable, not '
+                '{}'.format(type(loss).__name__))
+        return loss
 
-    def _chunked(self, job, in_arrays, clock):
-        if not isinstance(in_arrays, tuple):
-            in_arrays = (in_arrays,)
-        chunked = chunking.ChunkedPass(self.stages, job.chunks, self.head)
-        carry = in_arrays[0]
-        last = len(job.chunks) - 1
-        for c in range(len(job.chunks)):
-            self.host.check()
-            self.transfer.wait_params(c)
-            token = clock.stamp()
-            carry = chunked.forward_chunk(c, carry)
-            if c == last:
-                chunked.forward_head(in_arrays[1:])
-            clock.add('forward', c, token)
-        for c in range(last, -1, -1):
-            self.host.check()
-            token = clock.stamp()
-            chunked.backward_chunk(c)
-            clock.add('backward', c, token)
-            self._hand_over(job, c)
+    def _adopt(self, plan):
+        """Takes a new plan: the next forwards wait per chunk."""
+        if self._hook is not None:
+            self._hook.uninstall()
+        outside = dict(self._uses.outside) if self._uses is not None else {}
+        # A parameter used while no link of the replica is being called
+        # (in a loss_func outside the model) waits before the forward.
+        self._early = tuple(sorted({
+            runtime_chunk(plan, plan.chunk_of[name])
+            for name, path in outside.items() if path is None}))
+        uses = _Uses({name: path for name, path in outside.items()
+                      if path is not None})
+        self._hook = readiness.ChunkWaitHook(
+            self.replica, plan,
+            lambda index: self.transfer.wait_params(
+                runtime_chunk(plan, index)), uses=uses)
+        self._hook.install()
+        self._plan = plan
 
-    def _hand_over(self, job, chunk):
-        ready = self.transfer.send_grads(job.chunk_names[chunk])
-        self.host.deliver(job.iteration, chunk, ready)
+
+class _Uses(object):
+    """Parameters used outside their own link, as ChunkWaitHook reads them
+    from a :class:`~cgdp_chainer.runtime.readiness.ParameterUses`."""
+
+    def __init__(self, outside):
+        self.outside = outside
+
+
+def _observed_value(value):
+    if isinstance(value, chainer.Variable):
+        value = value.array
+    if hasattr(value, 'dtype') and hasattr(value, 'shape'):
+        return numpy.asarray(chainer.backends.cuda.to_cpu(value))
+    return float(value)
 
 
 class _ConfigScope(object):
