@@ -246,9 +246,10 @@ def same_verdict(world, check, *args, **kwargs):
 
 
 def is_usage_exit(error):
-    """True if a SystemExit came through :func:`same_verdict` (every rank
-    ends with it), False if only this rank exits (then it must abort the
-    job, or the other ranks would wait for it forever).
+    """True if a SystemExit ends every rank alike: it came through
+    :func:`same_verdict`, or it is a clean exit (status 0). False if only
+    this rank exits with an error: then it must abort the job, or the
+    other ranks would wait for it forever.
 
     Args:
         error (SystemExit): The exit.

@@ -7,8 +7,8 @@ SIGINT, 143 after SIGTERM, the statuses a shell reports for a process
 ended by those signals.
 
 Where it stops depends on the launch (see :class:`StopSignals`): a single
-process stops at once, wherever it is; under MPI the ranks only record
-the request and agree on it at their next check point
+process stops at once, wherever its runs are; under MPI the ranks only
+record the request and agree on it at their next check point
 (:class:`experiments.mpi_world.StopPoints`), so that every rank leaves
 its collectives at the same place and the job ends normally.
 """
@@ -49,31 +49,38 @@ class Interrupted(KeyboardInterrupt):
 
 
 class StopSignals(object):
-    """Turns SIGINT and SIGTERM into a request to stop, inside a ``with``.
+    """Turns SIGINT and SIGTERM into a request to stop.
 
-    The first signal is the request (:attr:`signum`); later ones change
+    Once installed (:meth:`install`, or ``with``) a signal is recorded
+    (:attr:`signum`) and the run stops at its next check point
+    (:meth:`check`, or :class:`experiments.mpi_world.StopPoints` under
+    MPI, where the ranks agree on it). Inside :meth:`interrupting`, which
+    a single process wraps around its runs, the signal also raises
+    :class:`Interrupted` at once, wherever the main thread is, except
+    inside :meth:`hold` (writing the files that keep what finished,
+    cleaning up). The first signal is the request; later ones change
     nothing, so that a second Ctrl-C cannot cut the files that keep the
     first part.
-
-    Args:
-        raise_at_once (bool): True in a single process: the first signal
-            raises :class:`Interrupted` in the main thread wherever it is,
-            except inside :meth:`hold`, where it is only recorded (and
-            :meth:`check` raises it later). False under MPI: the request
-            is only recorded, and the ranks agree on it at their check
-            points.
     """
 
-    def __init__(self, raise_at_once=True):
-        self.raise_at_once = raise_at_once
+    def __init__(self):
         self.signum = None
+        self._interrupting = 0
         self._held = 0
         self._previous = {}
 
-    def __enter__(self):
+    def install(self):
+        """Handles SIGINT and SIGTERM from now on (main thread only).
+
+        Returns:
+            StopSignals: This handler.
+        """
         for signum in SIGNALS:
             self._previous[signum] = signal.signal(signum, self._handle)
         return self
+
+    def __enter__(self):
+        return self.install()
 
     def __exit__(self, *exc):
         for signum, handler in self._previous.items():
@@ -85,8 +92,20 @@ class StopSignals(object):
         if self.signum is not None:
             return
         self.signum = signum
-        if self.raise_at_once and not self._held:
+        if self._interrupting and not self._held:
             raise Interrupted(signum)
+
+    @contextlib.contextmanager
+    def interrupting(self):
+        """Inside this block the first signal raises :class:`Interrupted`
+        at once (outside :meth:`hold`). A signal that came before raises
+        on entry."""
+        self._interrupting += 1
+        try:
+            self.check()
+            yield self
+        finally:
+            self._interrupting -= 1
 
     @contextlib.contextmanager
     def hold(self):

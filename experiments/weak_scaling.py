@@ -60,15 +60,16 @@ command line),
 (the ranks). This module runs them: :func:`experiment`.
 """
 import collections
+import contextlib
 import gc
 import multiprocessing
 import os
+import signal
 import sys
 import time
 
 from experiments import cli  # NOQA: first, it silences import-time warnings
 
-import chainer
 from chainer.training.updaters import MultiprocessParallelUpdater
 import numpy
 
@@ -211,8 +212,7 @@ def time_mode(net, mode, device_specs, settings, args, timeline, on_step,
         experiments.stopping.Interrupted: The run was stopped by a signal.
     """
     if stops is None:
-        stops = mpi_world.StopPoints(
-            world, stopping.StopSignals(raise_at_once=world is None))
+        stops = mpi_world.StopPoints(world, stopping.StopSignals())
     # Dropout draws from the global state; ranks draw different masks.
     numpy.random.seed(args.seed + (0 if world is None else world.rank))
     model = train.build_model(net, n_classes=args.classes, seed=args.seed)
@@ -561,8 +561,7 @@ def experiment(args, argv, world=None, signals=None):
         int: Exit status: 0, or 130 / 143 after SIGINT / SIGTERM.
     """
     root = is_root(world)
-    if signals is None:
-        signals = stopping.StopSignals(raise_at_once=world is None)
+    signals = signals or stopping.StopSignals()
     stops = mpi_world.StopPoints(world, signals)
     plan = mpi_world.same_verdict(world, run_plan.make_plan, args, world,
                                   root)
@@ -577,21 +576,23 @@ def experiment(args, argv, world=None, signals=None):
     folders = []
     stopped_by = None
     try:
-        stops.check()  # a signal during the start stops before any run
-        for net_plan in plan.nets:
-            if root:
-                folders.append(results.run_dir(args.out, net_plan.net,
-                                               run_id))
-            run_network(net_plan, plan, args, run_id, command, progress,
-                        stops, world)
-            if root:
-                say(progress, 'wrote {}'.format(folders[-1]))
+        # A single process stops at once; ranks stop at their StopPoints.
+        with (signals.interrupting() if world is None
+              else contextlib.nullcontext()):
+            for net_plan in plan.nets:
+                stops.check()
+                if root:
+                    folders.append(results.run_dir(args.out, net_plan.net,
+                                                   run_id))
+                run_network(net_plan, plan, args, run_id, command, progress,
+                            stops, world)
+                if root:
+                    say(progress, 'wrote {}'.format(folders[-1]))
     except KeyboardInterrupt as error:
-        stopped_by = getattr(error, 'signum', stopping.SIGNALS[0])
-    finally:
-        progress.clear()
+        stopped_by = getattr(error, 'signum', signal.SIGINT)
 
     with signals.hold():
+        progress.clear()
         if all_dir is not None:
             plot.draw_all(all_dir)
         if root:
@@ -656,17 +657,6 @@ def build_parser():
     return parser
 
 
-def _single_process(argv, signals):
-    """The experiment in one process; see :func:`main`."""
-    try:
-        args = build_parser().parse_args(argv)
-        return experiment(args, argv, None, signals)
-    except stopping.Interrupted as error:  # before the first run started
-        say(None, 'interrupted: stopped by {} before any run, so nothing '
-                  'was measured'.format(error))
-        return error.exit_status
-
-
 def _mpi_rank(argv, signals, world):
     """The experiment on one MPI rank; see :func:`main`."""
     if world.rank != 0:
@@ -702,14 +692,15 @@ def main(argv=None):
         SIGTERM.
     """
     argv = sys.argv[1:] if argv is None else argv
-    under_mpi = cgdp_mpi.launched_with_mpi()
-    # Installed before MPI starts: from here on a signal never kills a
-    # rank half-way (see experiments.mpi_world).
-    with stopping.StopSignals(raise_at_once=not under_mpi) as signals:
-        world = mpi_world.mpi_world() if under_mpi else None
-        if world is None:
-            return _single_process(argv, signals)
-        return _mpi_rank(argv, signals, world)
+    # Installed before MPI starts and kept until the process exits: from
+    # here on a signal never ends a process half-way, not even during
+    # MPI's finalization at exit (see experiments.mpi_world).
+    signals = stopping.StopSignals().install()
+    world = mpi_world.mpi_world()  # None (and MPI untouched) without mpiexec
+    if world is None:
+        return experiment(build_parser().parse_args(argv), argv, None,
+                          signals)
+    return _mpi_rank(argv, signals, world)
 
 
 if __name__ == '__main__':

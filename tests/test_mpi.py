@@ -257,7 +257,7 @@ def test_launch_is_detected_from_any_launchers_variable():
     assert cgdp_mpi.world({}) is None
 
 
-# -- the experiment scripts under mpiexec --------------------------------------
+# -- the experiment scripts under mpiexec -------------------------------------
 
 TINY_MODEL = ['--net', 'alexnet', '--image-size', '64', '--classes', '4',
               '--batchsize', '2']
@@ -466,14 +466,25 @@ def test_weak_scaling_under_two_ranks_ends_on_ctrl_c(mpiexec, tmp_path,
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize('problem', ['chunk size', 'out is a file'])
 def test_weak_scaling_under_two_ranks_refuses_bad_input_on_every_rank(
-        mpiexec, tmp_path):
-    out = str(tmp_path / 'results')
+        mpiexec, tmp_path, problem):
+    # The chunk size is wrong on every rank; --out only on rank 0, which
+    # alone writes: either way both ranks end, normally, with status 2,
+    # and the job prints one error line.
+    out = tmp_path / 'results'
+    if problem == 'chunk size':
+        option = ['--chunk-size', '999']
+        message = ("error: --chunk-size 999 is more than the 8 stages of "
+                   "alexnet; give 1 to 8, 'auto' or 'model'")
+    else:
+        out.write_text('a file')
+        option = []
+        message = ('error: --out {} is a file; give the folder that results '
+                   'go to (default results)'.format(out))
     job = run_mpi_module('experiments.weak_scaling', *SMALL_MPI_EXPERIMENT,
-                         '--iterations', '1', '--chunk-size', '999',
-                         '--out', out)
+                         '--iterations', '1', *option, '--out', str(out))
     assert job.returncode == 2, job.output
-    assert job.output.strip().splitlines() == [
-        "error: --chunk-size 999 is more than the 8 stages of alexnet; give "
-        "1 to 8, 'auto' or 'model'"], job.output
-    assert not os.path.exists(out)
+    assert job.output.strip().splitlines() == [message], job.output
+    assert os.listdir(str(tmp_path)) == ([] if problem == 'chunk size'
+                                         else ['results'])
