@@ -18,19 +18,28 @@ timing, so that page faults do not count) next to each row, since the
 machine may be shared. Targets: >= 0.85 of the copy for
 both optimizers with 4 slots; fused Adam >= 4x Chainer's.
 
+``--training N`` adds the effect in training: CGDP with Adam on the network
+at 64 px, batch 4 per replica, 2 ``'@numpy'`` replicas, N measured
+iterations (median, after 2 warm-up ones) with the fused rules and with
+Chainer's (``CGDP_HOST_UPDATE=off``), the two updaters' iterations in turns.
+
 Usage::
 
     python -m benchmarks.host_update [--net resnet152] [--slots 1,2,4]
         [--optimizers momentum_sgd,adam] [--repeats 3] [--threads N]
-        [--backends numba,numpy] [--no-chainer]
+        [--backends numba,numpy] [--no-chainer] [--training N]
 """
 import models  # NOQA: first, so cgdp_chainer._compat runs before Chainer
 
 import os
+import statistics
 import time
 
+import chainer
 import numpy
 
+import cgdp_chainer
+from cgdp_chainer import datasets
 from cgdp_chainer.runtime import host_update
 from experiments import cli
 
@@ -83,6 +92,50 @@ def network_shapes(net):
     return [p.shape for _, p in sorted(models.get_model(net).namedparams())]
 
 
+def cgdp_updater(net, fused, n_replicas, batch, image_size):
+    """CGDP with Adam on ``net``, with the fused rules or Chainer's."""
+    model = models.Classifier(models.get_model(net, seed=0))
+    optimizer = chainer.optimizers.Adam(alpha=1e-4)
+    optimizer.setup(model)
+    data = datasets.SyntheticImageNet(batch * n_replicas * 2, image_size,
+                                      n_classes=1000, seed=0)
+    iterator = chainer.iterators.SerialIterator(data, batch * n_replicas,
+                                                shuffle=False)
+    saved = os.environ.get(host_update.BACKEND_VARIABLE)
+    # The accumulator reads the switch when the updater builds it.
+    os.environ[host_update.BACKEND_VARIABLE] = 'auto' if fused else 'off'
+    try:
+        return cgdp_chainer.CGDPUpdater(
+            iterator, optimizer, ['@numpy'] * n_replicas, chunk_size=4)
+    finally:
+        if saved is None:
+            del os.environ[host_update.BACKEND_VARIABLE]
+        else:
+            os.environ[host_update.BACKEND_VARIABLE] = saved
+
+
+def training_seconds(net, iterations, warmup=2, n_replicas=2, batch=4,
+                     image_size=64):
+    """Median seconds per CGDP iteration, fused and Chainer's rules, their
+    iterations taken in turns so that a shared machine's load hits both."""
+    updaters = {}
+    times = {True: [], False: []}
+    try:
+        for fused in (True, False):
+            updaters[fused] = cgdp_updater(net, fused, n_replicas, batch,
+                                           image_size)
+        for i in range(warmup + iterations):
+            for fused, updater in updaters.items():
+                start = time.perf_counter()
+                updater.update()
+                if i >= warmup:
+                    times[fused].append(time.perf_counter() - start)
+    finally:
+        for updater in updaters.values():
+            updater.finalize()
+    return statistics.median(times[True]), statistics.median(times[False])
+
+
 def main(argv=None):
     parser = cli.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--net', default='resnet152', type=cli.net_name)
@@ -99,6 +152,9 @@ def main(argv=None):
         help='default: numba (where it imports) and numpy')
     parser.add_argument('--no-chainer', action='store_true',
                         help="skip Chainer's own path")
+    parser.add_argument('--training', default=0, type=cli.non_negative_int,
+                        help='measured CGDP training iterations with Adam '
+                        '(0: skip)')
     args = parser.parse_args(argv)
     backends = args.backends or (['numba', 'numpy'] if
                                  host_update.numba_available() else ['numpy'])
@@ -159,6 +215,12 @@ def main(argv=None):
         finally:
             for b in bench.values():
                 b.close()
+    if args.training:
+        fused, plain = training_seconds(args.net, args.training)
+        verdicts.append(
+            'training {}, Adam, 64 px, 2 @numpy replicas, batch 4 each: '
+            'fused {:.3f} s/iteration, Chainer\'s rules {:.3f} s; '
+            'ratio {:.2f}'.format(args.net, fused, plain, fused / plain))
     for line in verdicts:
         print(line)
 
