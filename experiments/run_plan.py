@@ -3,7 +3,7 @@
 :func:`make_plan` turns the command line into a :class:`Plan` and refuses
 bad input before any mode runs (exit status 2, one ``error:`` line, see
 :func:`experiments.cli.fail`): too many GPUs, an image too small for a
-network, a chunk size larger than a network's stages, a run in which no
+network, a chunk size larger than a network's layers, a run in which no
 mode can run (nothing to measure), or an ``--out`` that cannot be written.
 It also holds the defaults of a run on GPUs and on CPU replicas
 (:data:`GPU_DEFAULTS`, :data:`CPU_DEFAULTS`) and the estimate of a CPU
@@ -18,6 +18,7 @@ from cgdp_chainer import devices as devices_module
 from experiments import cli
 from experiments import modes as modes_module
 from experiments import results
+from experiments import train
 from experiments.progress import minutes
 import models
 
@@ -389,8 +390,24 @@ def check_measurable(kind, counts, modes, world=None):
                             ', '.join(choices) or '(none)'))
 
 
+def layer_count(net):
+    """The layers of a network as CGDP's ``chunk_size`` counts them: the
+    links that own parameters (:func:`cgdp_chainer.runtime.readiness.
+    owner_of`), so the largest chunk size it takes.
+
+    Builds the network once, on the CPU with one class: up to a few
+    seconds (VGG-16), so it is asked only for an integer chunk size.
+
+    Args:
+        net (str): The network.
+    """
+    from cgdp_chainer.runtime import readiness
+    model = train.build_model(net, n_classes=1)
+    return len({readiness.owner_of(name) for name, _ in model.namedparams()})
+
+
 def check_chunk_size(net, chunk_size):
-    """Fails (exit 2) if an integer chunk size exceeds the net's stages.
+    """Fails (exit 2) if an integer chunk size exceeds the net's layers.
 
     Args:
         net (str): The network.
@@ -398,11 +415,11 @@ def check_chunk_size(net, chunk_size):
     """
     if not isinstance(chunk_size, int):
         return
-    stages = models.n_stages(net)
-    if chunk_size > stages:
-        cli.fail("--chunk-size {} is more than the {} stages of {}; give 1 "
-                 "to {}, 'auto' or 'model'".format(chunk_size, stages, net,
-                                                    stages))
+    layers = layer_count(net)
+    if chunk_size > layers:
+        cli.fail("--chunk-size {} is more than the {} layers of {} (links "
+                 "with parameters, what a chunk counts); give 1 to {}, "
+                 "'auto' or 'model'".format(chunk_size, layers, net, layers))
 
 
 def check_out(out, nets):

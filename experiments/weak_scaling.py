@@ -636,8 +636,8 @@ def build_parser():
     parser.add_argument('--warmup', type=cli.non_negative_int, default=None,
                         help='untimed iterations before the measured ones')
     parser.add_argument('--chunk-size', type=cli.chunk_size, default=None,
-                        help="CGDP chunk size: an int up to the network's "
-                             "number of stages, 'auto' or 'model' (default: "
+                        help="CGDP chunk size: layers per chunk, up to the "
+                             "network's layers, 'auto' or 'model' (default: "
                              "CGDPUpdater's)")
     parser.add_argument('--modes', type=mode_list, default=None,
                         help='comma-separated subset of {} (default: {} in '

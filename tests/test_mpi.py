@@ -475,8 +475,9 @@ def test_weak_scaling_under_two_ranks_refuses_bad_input_on_every_rank(
     out = tmp_path / 'results'
     if problem == 'chunk size':
         option = ['--chunk-size', '999']
-        message = ("error: --chunk-size 999 is more than the 8 stages of "
-                   "alexnet; give 1 to 8, 'auto' or 'model'")
+        message = ("error: --chunk-size 999 is more than the 8 layers of "
+                   "alexnet (links with parameters, what a chunk counts); "
+                   "give 1 to 8, 'auto' or 'model'")
     else:
         out.write_text('a file')
         option = []

@@ -299,20 +299,31 @@ def assert_refused_before_any_run(completed, out, *fragments):
     assert not os.path.exists(out), os.listdir(out)
 
 
-def test_chunk_size_beyond_the_stages_is_refused_before_any_mode(tmp_path):
+def test_chunk_size_beyond_the_layers_is_refused_before_any_mode(tmp_path):
     out = str(tmp_path / 'results')
     completed = run_module('experiments.weak_scaling', *TINY,
                            '--chunk-size', '999', '--out', out)
     assert_refused_before_any_run(
-        completed, out, '--chunk-size 999', 'the 8 stages of alexnet',
+        completed, out, '--chunk-size 999', 'the 8 layers of alexnet',
         "1 to 8, 'auto' or 'model'")
 
 
-def test_stage_count_is_the_networks_own():
-    import models
-    # The limit that the refusal names is the network's own stage count.
-    assert models.n_stages('alexnet') == len(models.get_model(
-        'alexnet', n_classes=2).stages) == 8
+def test_chunk_size_limit_is_the_one_cgdp_applies():
+    import chainer
+    from experiments import run_plan
+    from experiments import train
+    # AlexNet: five convolutions and three fully connected layers.
+    limit = run_plan.layer_count('alexnet')
+    assert limit == 8
+    model = train.build_model('alexnet', n_classes=2)
+    optimizer = train.build_optimizer(model)
+    iterator = chainer.iterators.SerialIterator([], 1)
+    updater = train.build_updater('cgdp', iterator, optimizer, ['@numpy'],
+                                  chunk_size=limit)
+    updater.finalize()
+    with pytest.raises(ValueError, match='out of range'):
+        train.build_updater('cgdp', iterator, optimizer, ['@numpy'],
+                            chunk_size=limit + 1)
 
 
 @pytest.mark.parametrize('where', ['file', 'under a file'])
