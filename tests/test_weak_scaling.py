@@ -30,6 +30,11 @@ SMALL_RUN = ['--net', 'alexnet', '--devices', '1,2', '--iterations', '2',
              '--classes', '10']
 
 
+# make, taking the venv as it is: a test never sets it up again (-o: the
+# stamp of its installation counts as up to date).
+MAKE = ['make', '--no-print-directory', '-o', '.venv/.installed']
+
+
 def run_module(module, *args, timeout=300):
     """Runs ``python -m module args`` from the repository root."""
     return subprocess.run([sys.executable, '-m', module] + list(args),
@@ -216,9 +221,9 @@ def test_sigterm_to_make_experiment_keeps_what_finished(tmp_path):
     # finished as after Ctrl-C and exits with 143 (128 + SIGTERM).
     out = str(tmp_path / 'results')
     process = subprocess.Popen(
-        ['make', '--no-print-directory', 'experiment', 'NET=alexnet',
-         'DEVICES=1', 'MODES=cgdp', 'ITERATIONS=200', 'WARMUP=1', 'BATCH=1',
-         'IMAGE_SIZE=64', 'OUT=' + out],
+        MAKE + ['experiment', 'NET=alexnet', 'DEVICES=1', 'MODES=cgdp',
+                'ITERATIONS=200', 'WARMUP=1', 'BATCH=1', 'IMAGE_SIZE=64',
+                'OUT=' + out],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     try:
@@ -354,9 +359,9 @@ def test_makefile_refuses_a_rank_count_that_is_not_positive(tmp_path,
                                                             ranks):
     out = str(tmp_path / 'results')
     completed = subprocess.run(
-        ['make', '--no-print-directory', 'experiment', 'NET=alexnet',
-         'RANKS=' + ranks, 'DEVICES=1', 'ITERATIONS=1', 'WARMUP=0',
-         'BATCH=1', 'IMAGE_SIZE=64', 'OUT=' + out],
+        MAKE + ['experiment', 'NET=alexnet', 'RANKS=' + ranks, 'DEVICES=1',
+                'ITERATIONS=1', 'WARMUP=0', 'BATCH=1', 'IMAGE_SIZE=64',
+                'OUT=' + out],
         cwd=REPO, capture_output=True, text=True, timeout=120)
     assert completed.returncode == 2, (completed.stdout, completed.stderr)
     lines = completed.stderr.strip().splitlines()
