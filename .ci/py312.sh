@@ -23,6 +23,10 @@ if [ ! -f $venv/.installed ]; then
   $venv/bin/python -m pip install --quiet 'setuptools<81' wheel
   $venv/bin/python -m pip wheel --quiet --no-build-isolation --no-deps -w $venv/wheels chainer==7.8.1
   $venv/bin/python -m pip install --quiet --upgrade 'setuptools>=81' 'numpy>=2' pytest threadpoolctl matplotlib Pillow
+  # numba for the fused host update rules, where a release supports this
+  # NumPy; pinning NumPy keeps pip from downgrading it for numba.
+  numpy_now=$($venv/bin/python -c 'import numpy; print(numpy.__version__)')
+  $venv/bin/python -m pip install --quiet numba "numpy==$numpy_now" || echo "NOTICE: no numba release supports numpy $numpy_now: the host update runs as blocked NumPy"
   $venv/bin/python -m pip install --quiet --no-deps $venv/wheels/chainer-7.8.1-*.whl
   $venv/bin/python -m pip install --quiet filelock protobuf six typing_extensions
   touch $venv/.installed
