@@ -25,7 +25,7 @@ WORKER_KINDS = channels.WORKER_KINDS
 # this many bytes of parameters, as PyTorch DDP fills its buckets. Smaller
 # chunks shrink the exposed last sync; each chunk costs a message per
 # replica and a host task (see benchmarks/any_model.py for the trade-off).
-DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
+DEFAULT_CHUNK_BYTES = 1024 * 1024
 
 # The 'auto' search starts at the layer count that gives at most this many
 # chunks, so that it stays within a few dozen iterations on deep networks

@@ -153,6 +153,7 @@ class ReplicaWorker(object):
         self._uses = None
         self._early = ()
         self._hook = None
+        self._ran_chunks = 0
         self.reporter = chainer.Reporter()
         self.reporter.add_observer('main', replica)
         self.reporter.add_observers('main', replica.namedlinks(skipself=True))
@@ -197,6 +198,7 @@ class ReplicaWorker(object):
                 self.reporter.scope(observation), \
                 chainer.using_config('enable_backprop', True):
             report = self._iterate(job, plan, in_arrays, clock, forming)
+        self._ran_chunks = plan.n_chunks
         return IterationResult(
             observation={key: _observed_value(value)
                          for key, value in observation.items()},
@@ -250,6 +252,11 @@ class ReplicaWorker(object):
         """Takes a new plan: the next forwards wait per chunk."""
         if self._hook is not None:
             self._hook.uninstall()
+        # The last publishes were per chunk of the plan that ran; with new
+        # chunks, the next forward waits for all of them first (on a GPU,
+        # ordering the compute stream after every copy; free on the CPU).
+        for chunk in range(self._ran_chunks):
+            self.transfer.wait_params(chunk)
         outside = dict(self._uses.outside) if self._uses is not None else {}
         # A parameter used while no link of the replica is being called
         # (in a loss_func outside the model) waits before the forward.
