@@ -171,3 +171,23 @@ class GoogLeNetWithAux(chainer.Chain):
     def forward(self, x):
         out = self.net(x, layers=['loss3_fc', 'loss1_fc2', 'loss2_fc2'])
         return out['loss3_fc'], out['loss1_fc2'], out['loss2_fc2']
+
+
+class ReplicaDependent(chainer.Chain):
+    """Replica 1 skips ``extra`` in its first iteration: the replicas see
+    different first-iteration graphs, so they would form different chunks."""
+
+    def __init__(self, seed=0):
+        super(ReplicaDependent, self).__init__()
+        rng = numpy.random.RandomState(seed)
+        with self.init_scope():
+            self.l1 = _linear(rng, 6, 8)
+            self.extra = _linear(rng, 8, 8)
+            self.l2 = _linear(rng, 8, 5)
+
+    def forward(self, x):
+        from cgdp_chainer.runtime import worker
+        h = F.relu(self.l1(x))
+        if worker.replica_index() != 1:
+            h = F.relu(self.extra(h))
+        return self.l2(h)

@@ -398,6 +398,24 @@ def test_f_forget_is_refused_at_the_first_iteration(workers):
     assert updater.iteration == 0
 
 
+@pytest.mark.parametrize('workers', WORKERS)
+def test_replicas_forming_different_chunks_is_an_error_not_a_hang(workers):
+    model = L.Classifier(any_models.ReplicaDependent())
+    optimizer = setup_optimizer('momentum', model)
+    iterator = chainer.iterators.SerialIterator(
+        staged_models.dataset(), 6, shuffle=False)
+    updater = cgdp_chainer.CGDPUpdater(iterator, optimizer, ['@numpy'] * 2,
+                                       chunk_size=1, workers=workers)
+    try:
+        with pytest.raises(RuntimeError, match='the chunk plans differ: '
+                                               'replica 1 formed'):
+            updater.update()
+        with pytest.raises(RuntimeError, match='finalized or stopped'):
+            updater.update()
+    finally:
+        updater.finalize()
+
+
 def test_loss_scaling_is_refused():
     model = L.Classifier(any_models.Branching())
     optimizer = setup_optimizer('momentum', model)
