@@ -7,8 +7,9 @@ The updater (``chunk_size='auto'``) drives it: it trains with
 :attr:`~ChunkSizeSearch.done`; then it keeps :attr:`~ChunkSizeSearch.best`.
 
 Sizes (layers per chunk; see ``CGDPUpdater``'s ``chunk_size``) are tried
-from ``start`` up, doubling, the last one capped at the number of layers. Larger chunks mean fewer, larger copies and host jobs
-(less per-call overhead) but a larger exposed last chunk; iteration time as a
+from ``start`` up, doubling, the last one capped at the number of layers.
+Larger chunks mean fewer, larger copies and host jobs (less per-call
+overhead) but a larger exposed last chunk; iteration time as a
 function of the size typically falls and then rises, so the search stops at
 the first size slower than the one before it. Each size runs ``skip_first``
 iterations that are not timed (the first iteration after a change pays for

@@ -466,3 +466,23 @@ def test_chunk_bytes_and_boundaries_give_the_same_training(workers):
         actual = train(copy.deepcopy(base), 'adam',
                        cgdp(2, workers=workers, **kwargs))
         assert_same_params(expected, actual)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize('workers', WORKERS)
+def test_gpu_replicas_on_a_model_without_stages(workers):
+    from cgdp_chainer import devices
+    gpus = ['@cupy:{}'.format(i) for i in range(min(2, devices.gpu_count()))]
+    base = L.Classifier(any_models.Branching())
+    expected = train(copy.deepcopy(base), 'adam', standard)
+    timeline = cgdp_chainer.Timeline()
+
+    def make(iterator, optimizer):
+        return cgdp_chainer.CGDPUpdater(iterator, optimizer, gpus,
+                                        chunk_size=1, workers=workers,
+                                        timeline=timeline)
+    # The master stays in host memory.
+    actual = train(copy.deepcopy(base), 'adam', make)
+    assert_same_params(expected, actual, rtol=1e-4, atol=1e-5)
+    assert {e.chunk for e in timeline.events_of(2)
+            if e.kind == 'backward'} == set(range(7))
