@@ -66,7 +66,7 @@ def _updater(mode, model, n_devices, batch, image_size, timeline=None):
         return updaters.ParallelUpdater(iterator, optimizer, devices=devices)
     workers = 'thread' if mode == 'cgdp-thread' else 'process'
     return cgdp_chainer.CGDPUpdater(iterator, optimizer,
-                                    ['@numpy'] * n_devices, chunk_size=1,
+                                    ['@numpy'] * n_devices,
                                     timeline=timeline, workers=workers)
 
 

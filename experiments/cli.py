@@ -217,23 +217,24 @@ def check_image_size(net, image_size):
         fail(str(error))
 
 
-def check_chunk_size(chunk_size, net, n_stages):
-    """Fails (exit 2) if an integer chunk size exceeds the network's stages.
+def check_chunk_size(chunk_size, net, n_layers):
+    """Fails (exit 2) if an integer chunk size exceeds the network's layers.
 
-    A chunk holds whole stages, so a size above the stage count cannot be
-    planned; policies (``'auto'``, ``'model'``) fit any network.
+    A CGDP chunk holds whole layers (links that own parameters, see
+    :func:`cgdp_chainer.runtime.readiness.count_layers`), so a size above
+    the layer count cannot be planned; policies (``'auto'``, ``'model'``)
+    fit any network.
 
     Args:
         chunk_size (int, str or None): The ``--chunk-size`` value (``None``
             for the default, which fits every network).
         net (str): Network name, for the message.
-        n_stages (int): The network's number of stages
-            (``len(model.stages)``).
+        n_layers (int): The network's number of layers.
     """
-    if isinstance(chunk_size, int) and chunk_size > n_stages:
-        fail('--chunk-size {} is more stages than {} has ({}); use 1 '
-             "to {}, 'auto' or 'model'".format(chunk_size, net, n_stages,
-                                               n_stages))
+    if isinstance(chunk_size, int) and chunk_size > n_layers:
+        fail("--chunk-size {} is more than the {} layers of {} (links with "
+             "parameters, what a chunk counts); give 1 to {}, 'auto' or "
+             "'model'".format(chunk_size, n_layers, net, n_layers))
 
 
 def check_output_folder(option, path):

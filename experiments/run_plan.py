@@ -402,8 +402,7 @@ def layer_count(net):
         net (str): The network.
     """
     from cgdp_chainer.runtime import readiness
-    model = train.build_model(net, n_classes=1)
-    return len({readiness.owner_of(name) for name, _ in model.namedparams()})
+    return readiness.count_layers(train.build_model(net, n_classes=1))
 
 
 def check_chunk_size(net, chunk_size):
@@ -415,11 +414,7 @@ def check_chunk_size(net, chunk_size):
     """
     if not isinstance(chunk_size, int):
         return
-    layers = layer_count(net)
-    if chunk_size > layers:
-        cli.fail("--chunk-size {} is more than the {} layers of {} (links "
-                 "with parameters, what a chunk counts); give 1 to {}, "
-                 "'auto' or 'model'".format(chunk_size, layers, net, layers))
+    cli.check_chunk_size(chunk_size, net, layer_count(net))
 
 
 def check_out(out, nets):

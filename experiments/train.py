@@ -70,7 +70,8 @@ UPDATERS = ('standard', 'parallel', 'cgdp', 'chainermn')
 # Updaters that communicate across MPI ranks.
 MPI_UPDATERS = ('cgdp', 'chainermn')
 REDUCTIONS = ('mean', 'sum')
-DEFAULT_CHUNK_SIZE = 1
+# None: CGDPUpdater's own default (chunks of at least 1 MiB of parameters).
+DEFAULT_CHUNK_SIZE = None
 DEFAULT_REDUCTION = 'mean'
 REPORT_ENTRIES = ['iteration', 'main/loss', 'main/accuracy', 'elapsed_time']
 # The files a run writes into --out: the log and the snapshots.
@@ -435,8 +436,9 @@ def build_parser():
                         default=1024, metavar='N',
                         help='number of synthetic examples (default: 1024)')
     parser.add_argument('--chunk-size', type=cli.chunk_size, metavar='SIZE',
-                        help="CGDP chunk size: N, 'auto' or 'model' "
-                             "(default: {})".format(DEFAULT_CHUNK_SIZE))
+                        help="CGDP chunk size: N layers, 'auto' or 'model' "
+                             "(default: the updater's, chunks of at least "
+                             "1 MiB)")
     parser.add_argument('--reduction', choices=REDUCTIONS,
                         help='CGDP gradient reduction (default: {})'.format(
                             DEFAULT_REDUCTION))
@@ -670,8 +672,9 @@ def run(args, comm=None):
     replaced = check_outputs(args) if rank == 0 else []
     model = build_model(args.net, n_classes=args.classes, seed=args.seed)
     if args.updater == 'cgdp':
+        from cgdp_chainer.runtime import readiness
         cli.check_chunk_size(args.chunk_size, args.net,
-                             len(model.predictor.stages))
+                             readiness.count_layers(model))
     try:
         dataset = build_dataset(args.image_size, n_classes=args.classes,
                                 seed=args.seed, length=args.train_length,

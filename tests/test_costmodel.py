@@ -623,7 +623,11 @@ def test_updater_runs_the_chunk_size_the_chooser_recorded():
         # Only the optimizer the updater runs is measured.
         assert set(chooser.profile['host']['update_rules']) == {
             'momentum_sgd'}
-        assert updater.chunk_size == chooser.choice
+        # The choice is in stages; the updater's chunks count layers
+        # (StagedMLP: 7 stages, of which 4 own parameters).
+        assert chooser.layers_per_chunk == max(
+            1, round(chooser.choice * 4 / 7))
+        assert updater.chunk_size == chooser.layers_per_chunk
         assert chooser.predicted[chooser.choice] == min(
             chooser.predicted.values())
         updater.update()

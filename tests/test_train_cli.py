@@ -218,11 +218,11 @@ def test_training_on_an_image_list(tmp_path, capsys):
 
 # ----------------------------------------------- checked before any work
 
-def test_chunk_size_above_the_stage_count_is_refused_before_work(tmp_path):
+def test_chunk_size_above_the_layer_count_is_refused_before_work(tmp_path):
     out = tmp_path / 'out'
     result = _run_cli(ALEXNET_CGDP + ['--chunk-size', '9', '--out',
                                       str(out)])
-    _assert_one_line_error(result, '--chunk-size 9', 'alexnet has (8)',
+    _assert_one_line_error(result, '--chunk-size 9', 'the 8 layers of alexnet',
                            "1 to 8, 'auto' or 'model'")
     _assert_nothing_ran(result)
     assert not out.exists()

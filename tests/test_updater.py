@@ -605,7 +605,7 @@ def test_model_chosen_chunk_size_inside_a_trainer(tmp_path):
     trainer.extend(chainer.training.extensions.LogReport(
         trigger=(1, 'iteration')))
     trainer.run()
-    assert 1 <= updater.chunk_size <= updater.n_stages
+    assert 1 <= updater.chunk_size <= updater.n_layers
     actual = {n: p.array.copy() for n, p in model.namedparams()}
     assert_same_params(expected, actual)
 

@@ -140,11 +140,18 @@ class ModelChunkChooser(object):
         reps (int): Profile repetitions (median).
         statistic (str): ``'median'`` or ``'min'`` of the repetitions.
 
+    The model predicts per stage (the profile times the target's
+    ``stages``); the runtime's chunks count layers (links that own
+    parameters), so a call returns the chosen stages per chunk times the
+    model's layers per stage.
+
     Attributes:
         profile (dict or None): The last profile taken.
-        choice (int or None): The last chunk size chosen.
-        predicted (dict): Chunk size -> predicted seconds per iteration of
-            the last choice.
+        choice (int or None): The last chunk size chosen, in stages.
+        layers_per_chunk (int or None): What the last call returned: the
+            choice in layers, as ``CGDPUpdater``'s ``chunk_size`` counts.
+        predicted (dict): Chunk size (stages) -> predicted seconds per
+            iteration of the last choice.
     """
 
     def __init__(self, hardware=None, reps=2, statistic='median'):
@@ -166,6 +173,7 @@ class ModelChunkChooser(object):
         self.statistic = statistic
         self.profile = None
         self.choice = None
+        self.layers_per_chunk = None
         self.predicted = {}
 
     def __call__(self, replica, device, in_arrays, n_devices, loss_func=None,
@@ -178,13 +186,27 @@ class ModelChunkChooser(object):
                 host_threads, int) or host_threads < 1:
             raise ValueError('host_threads must be an integer >= 1, got '
                              '{!r}'.format(host_threads))
+        from cgdp_chainer import chunking
+        from cgdp_chainer.runtime import readiness
+        stages = chunking.find_stages(replica)
+        if stages is None or loss_func is not None:
+            raise ValueError(
+                "chunk_size='model' profiles the target's stages and its "
+                'own loss (a staged model, or a Classifier around one, and '
+                'no loss_func); {} has {}: use an int, chunk_bytes= or '
+                "'auto'".format(type(replica).__name__,
+                                'no stages' if stages is None else
+                                'a loss_func'))
         if not isinstance(in_arrays, tuple):
             in_arrays = (in_arrays,)
-        profile = profile_for_choice(replica, device, in_arrays, loss_func,
+        profile = profile_for_choice(replica, device, in_arrays, None,
                                      host_threads, self.reps, self.statistic,
                                      _model_optimizer(optimizer))
-        return self.choose_from_profile(profile, n_devices, workers,
+        size = self.choose_from_profile(profile, n_devices, workers,
                                         optimizer)
+        layers_per_stage = readiness.count_layers(replica) / len(stages)
+        self.layers_per_chunk = max(1, int(round(size * layers_per_stage)))
+        return self.layers_per_chunk
 
     def choose_from_profile(self, profile, n_devices, workers='process',
                             optimizer=None):

@@ -594,9 +594,11 @@ def process_main(init, conn):
         init (_WorkerInit): The replica, its device and the shared layouts.
         conn (multiprocessing.connection.Connection): Its pipe to the host.
     """
-    # Ctrl-C in a terminal reaches the whole process group: the user's
-    # process decides, and stops its workers.
+    # Ctrl-C in a terminal (or a SIGTERM to the job's process group)
+    # reaches every process: the user's process decides, and stops its
+    # workers; they must not die under it mid-iteration.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _exit_with_parent()
     sender = _LockedSender(conn)
     try:

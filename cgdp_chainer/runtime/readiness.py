@@ -68,6 +68,16 @@ def owner_of(name):
     return owner or '/'
 
 
+def count_layers(link):
+    """The layers of a model as chunks count them: the links that directly
+    own parameters (:func:`owner_of`), so the largest integer chunk size.
+
+    Args:
+        link (chainer.Link): The model.
+    """
+    return len({owner_of(name) for name, _ in link.namedparams()})
+
+
 class UnsupportedGraphError(RuntimeError):
     """The graph holds something a per-parameter hand-over cannot support."""
 

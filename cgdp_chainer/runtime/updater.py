@@ -186,7 +186,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         if not self._names:
             raise ValueError('{} has no parameters: there is nothing to '
                              'train'.format(type(master).__name__))
-        self._n_layers = len({readiness.owner_of(n) for n in self._names})
+        self._n_layers = readiness.count_layers(master)
         self._search = None
         self._chooser = None
         self._chunk_size = None
@@ -575,8 +575,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             size = self._chooser(
                 replica, device, device.send(sample_inputs),
                 len(self._devices), self.loss_func,
-                self._host_threads,
-                self.workers)
+                self._host_threads, self.workers,
+                optimizer=self.get_optimizer('main'))
         del replica
         if isinstance(size, bool) or not isinstance(
                 size, numbers.Integral) or size < 1:
