@@ -36,7 +36,7 @@ from chainer.training import updaters
 import numpy
 
 import cgdp_chainer
-from cgdp_chainer import accumulator as accumulator_module
+from cgdp_chainer.runtime import accumulator as accumulator_module
 from cgdp_chainer import blas
 from cgdp_chainer import chunking
 from cgdp_chainer import datasets

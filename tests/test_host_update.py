@@ -11,7 +11,7 @@ import numpy
 import pytest
 
 import cgdp_chainer
-from cgdp_chainer import accumulator
+from cgdp_chainer.runtime import accumulator
 from cgdp_chainer.runtime import host_update
 from cgdp_chainer.runtime import transfer
 import chainer

@@ -441,7 +441,7 @@ def _host_arrays(shapes, dtypes, value):
 
 def _host_op_costs(shapes, dtypes, reps):
     """Seconds of each host operation over arrays of ``shapes``."""
-    from cgdp_chainer import accumulator
+    from cgdp_chainer.runtime import accumulator
     master = [chainer.Parameter(a) for a in _host_arrays(shapes, dtypes,
                                                          0.5)]
     for p in master:

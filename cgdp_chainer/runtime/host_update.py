@@ -797,7 +797,7 @@ class FusedBench(object):
     def chainer_step(self, n_slots=None):
         """The same through the accumulator's block reduction into
         ``param.grad`` and Chainer's update rules (the unfused path)."""
-        from cgdp_chainer import accumulator
+        from cgdp_chainer.runtime import accumulator
         n = n_slots or self.n_slots
         self.optimizer.t += 1
         for p, slots in zip(self.params, self.slots):

@@ -10,7 +10,7 @@ from chainer.dataset import convert
 from chainer.training.updaters import standard_updater
 import numpy
 
-from cgdp_chainer import accumulator as accumulator_module
+from cgdp_chainer.runtime import accumulator as accumulator_module
 from cgdp_chainer import blas
 from cgdp_chainer import chunking
 from cgdp_chainer import devices as devices_module
@@ -292,7 +292,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                     'or one of {}'.format(chunk_size, n,
                                           ', '.join(chunk_size_policies())))
             if chunk_size == 'auto':
-                from cgdp_chainer import chunk_search
+                from cgdp_chainer.runtime import chunk_search
                 start = max(1, -(-n // AUTO_SEARCH_MAX_CHUNKS))
                 self._search = chunk_search.ChunkSizeSearch(n, start=start)
                 return self._size_spec(self._search.current_size)

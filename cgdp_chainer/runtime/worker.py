@@ -25,7 +25,7 @@ import numpy
 
 from cgdp_chainer import devices as devices_module
 from cgdp_chainer import randomness
-from cgdp_chainer.accumulator import Aborted  # NOQA: one exception for all
+from cgdp_chainer.runtime.accumulator import Aborted  # NOQA: one exception for all
 from cgdp_chainer.runtime import readiness
 
 Job = collections.namedtuple(
