@@ -123,13 +123,16 @@ def _replicas_label(summary):
 
 # ------------------------------------------------------------ single figures
 
-def plot_efficiency_lines(ax, summary):
+def plot_efficiency_lines(ax, summary, model=None):
     """Draws efficiency against replicas on ``ax``, a line per mode.
 
     Args:
         ax (matplotlib.axes.Axes): Where to draw.
         summary (list of dict): ``summary.csv`` rows.
+        model (list of dict or None): ``model.csv`` rows, drawn dashed in
+            each mode's colour.
     """
+    modes = list(_by_mode(summary))
     for index, (mode, rows) in enumerate(_by_mode(summary).items()):
         rows = [r for r in rows if r['efficiency'] is not None]
         if not rows:
@@ -139,6 +142,15 @@ def plot_efficiency_lines(ax, summary):
                 [r['efficiency'] for r in rows],
                 marker=style['marker'], color=style['color'],
                 label=style['label'])
+    for mode, rows in _by_mode(model or []).items():
+        rows = [r for r in rows if r['efficiency'] is not None]
+        if not rows or mode not in modes:
+            continue
+        style = _mode_style(mode, modes.index(mode))
+        ax.plot([results.workers(r) for r in rows],
+                [r['efficiency'] for r in rows], linestyle='--',
+                color=style['color'], alpha=0.8,
+                label='{} (cost model)'.format(mode))
     ax.axhline(1.0, color='black', linestyle=':', linewidth=1,
                label='ideal')
     if summary and all(r['efficiency'] is None for r in summary):
@@ -146,7 +158,7 @@ def plot_efficiency_lines(ax, summary):
         ax.text(0.5, 0.5, 'no efficiency: this run has no 1-device (1-rank) '
                 'row of these modes', transform=ax.transAxes, ha='center',
                 va='center', fontsize='small', color='gray')
-    top = max([1.0] + [r['efficiency'] for r in summary
+    top = max([1.0] + [r['efficiency'] for r in summary + (model or [])
                        if r['efficiency'] is not None])
     ax.set_ylim(0, top * 1.1)
     _device_ticks(ax, summary)
@@ -155,16 +167,17 @@ def plot_efficiency_lines(ax, summary):
     ax.grid(True, alpha=0.3)
 
 
-def draw_efficiency(summary, env, path):
+def draw_efficiency(summary, env, path, model=None):
     """Writes ``efficiency.png``: weak-scaling efficiency per mode.
 
     Args:
         summary (list of dict): ``summary.csv`` rows.
         env (dict): The run's ``env.json`` (for the title).
         path (str): The PNG file.
+        model (list of dict or None): ``model.csv`` rows (dashed).
     """
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    plot_efficiency_lines(ax, summary)
+    plot_efficiency_lines(ax, summary, model)
     ax.set_title('Weak-scaling efficiency\n' + _setting_line(env))
     ax.legend(loc='lower left', fontsize='small')
     fig.tight_layout()
@@ -206,13 +219,15 @@ def draw_throughput(summary, env, path):
     _save(fig, path)
 
 
-def draw_speedup(summary, env, path):
+def draw_speedup(summary, env, path, model=None):
     """Writes ``speedup.png``: typical median over CGDP median, per N.
 
     Args:
         summary (list of dict): ``summary.csv`` rows.
         env (dict): The run's ``env.json`` (for the title).
         path (str): The PNG file.
+        model (list of dict or None): ``model.csv`` rows: the predicted
+            speedup is drawn dashed over the bars.
 
     Returns:
         bool: False (and no file) where no CGDP row has a typical partner.
@@ -233,7 +248,17 @@ def draw_speedup(summary, env, path):
                     ha='center', va='bottom', fontsize='small')
     ax.axhline(1.0, color='black', linestyle=':', linewidth=1,
                label='no speedup')
-    ax.set_ylim(0, max(values + [1.0]) * 1.2)
+    predicted = {results.workers(r): r['speedup_vs_typical']
+                 for r in model or [] if r['mode'] == results.CGDP
+                 and r['speedup_vs_typical'] is not None}
+    marks = [(label, predicted[results.workers(r)])
+             for label, r in zip(labels, rows)
+             if results.workers(r) in predicted]
+    if marks:
+        ax.plot([label for label, _ in marks], [v for _, v in marks],
+                linestyle='--', marker='D', color='black',
+                label='cost model')
+        values = values + [v for _, v in marks]
     ax.set_xlabel(_replicas_label(rows))
     if _multi_rank(rows):
         # Multi-rank rows are compared with ChainerMN (results.summarize).
@@ -386,6 +411,15 @@ def _read_rows(path, columns, notes, appended=False):
     return rows
 
 
+def load_model(run_dir, notes=None):
+    """The cost model's rows of a run (``model.csv``), or None where the
+    run has none or the file is damaged (then with a note)."""
+    path = os.path.join(run_dir, results.MODEL_FILE)
+    if not os.path.exists(path):
+        return None
+    return _read_rows(path, results.SUMMARY_COLUMNS, notes)
+
+
 def load_summary(run_dir, notes=None):
     """The run's summary rows: ``summary.csv``, else derived from runs.csv.
 
@@ -464,16 +498,17 @@ def draw_run(run_dir, notes=None):
     """
     env = _load_env(run_dir, notes)
     summary = load_summary(run_dir, notes)
+    model = load_model(run_dir, notes)
     written = []
     if summary:
         path = os.path.join(run_dir, EFFICIENCY_PNG)
-        draw_efficiency(summary, env, path)
+        draw_efficiency(summary, env, path, model)
         written.append(path)
         path = os.path.join(run_dir, THROUGHPUT_PNG)
         draw_throughput(summary, env, path)
         written.append(path)
         path = os.path.join(run_dir, SPEEDUP_PNG)
-        if draw_speedup(summary, env, path):
+        if draw_speedup(summary, env, path, model):
             written.append(path)
     timeline = _load_timeline(run_dir, notes)
     if timeline:

@@ -45,6 +45,9 @@ TIMELINE_FILE = 'timeline.csv'
 ENV_FILE = 'env.json'
 INDEX_FILE = 'index.json'
 TRACE_FILE = 'timeline_trace.json'
+# The cost model's prediction of the measured points (experiments.prediction),
+# with SUMMARY_COLUMNS.
+MODEL_FILE = 'model.csv'
 
 # The folder name under the results root for a run of all networks.
 ALL_NETS = 'all'

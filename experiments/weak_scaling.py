@@ -80,6 +80,7 @@ from cgdp_chainer import mpi as cgdp_mpi
 from cgdp_chainer import Timeline
 from experiments import mpi_world
 from experiments import plot
+from experiments import prediction
 from experiments import results
 from experiments import run_plan
 from experiments import stopping
@@ -412,6 +413,10 @@ def run_network(net_plan, plan, args, run_id, command, progress, stops,
                             'iteration': chosen['iteration'],
                             'duration_s': chosen['duration'],
                             'chunk_size': info['chunk_size']}
+        if root and world is None and args.model:
+            env['model'] = write_prediction(
+                folder, net, writer.path, device_specs_for(kind, 1)[0], args,
+                progress)
         env['finished'] = True
     except KeyboardInterrupt:
         env['interrupted'] = True
@@ -429,6 +434,33 @@ def run_network(net_plan, plan, args, run_id, command, progress, stops,
                 results.write_json(env_path, env)
                 plot.draw_run(folder)
     return folder
+
+
+def write_prediction(folder, net, runs_path, device_spec, args, progress):
+    """Writes ``model.csv``: the cost model's prediction of the points just
+    measured, from a short profile taken now (see
+    :mod:`experiments.prediction`).
+
+    A prediction that fails leaves the measurements as they are: it is
+    reported in a note and in env.json, not raised.
+
+    Returns:
+        dict: What env.json records about it.
+    """
+    say(progress, 'cost model: profiling {} on {} to predict the measured '
+                  'points (dashed in the figures)'.format(net, device_spec))
+    try:
+        rows = prediction.predict_measured(
+            net, results.summarize(results.read_csv(runs_path)),
+            device_spec, n_classes=args.classes, seed=args.seed)
+    except Exception as error:  # the measurements stand without it
+        say(progress, 'note: no cost-model prediction: {}: {}'.format(
+            type(error).__name__, error))
+        return {'error': '{}: {}'.format(type(error).__name__, error)}
+    results.write_csv(os.path.join(folder, results.MODEL_FILE),
+                      results.SUMMARY_COLUMNS, rows)
+    return {'file': results.MODEL_FILE, 'profiled_on': device_spec,
+            'workers': 'process'}
 
 
 NO_ROWS = 'no measured iteration finished'
@@ -651,6 +683,10 @@ def build_parser():
                         help='classes of the synthetic data set')
     parser.add_argument('--seed', type=cli.non_negative_int, default=0,
                         help='seed of the weights and data (all modes)')
+    parser.add_argument('--no-model', dest='model', action='store_false',
+                        help="skip the cost model's prediction of the "
+                             'measured points (a short profile after the '
+                             'runs, drawn dashed in the figures)')
     parser.add_argument('--out', default=DEFAULT_OUT,
                         help='results root; a run goes to '
                              'OUT/<net>/<run-id>/')

@@ -147,6 +147,36 @@ def test_small_run_writes_timeline_env_and_figures(small_run):
 
 
 @pytest.mark.slow
+def test_small_run_predicts_its_points_and_draws_them_dashed(small_run):
+    folder, _ = small_run
+    env = results.read_json(os.path.join(folder, results.ENV_FILE))
+    assert env['model']['file'] == results.MODEL_FILE
+    model = plot.load_model(folder)
+    summary = plot.load_summary(folder)
+    # One prediction for each measured point, from a profile of this run.
+    assert sorted((r['mode'], r['n_devices']) for r in model) == sorted(
+        (r['mode'], r['n_devices']) for r in summary)
+    for row in model:
+        assert row['median_s'] > 0
+        if row['n_devices'] == 1:
+            assert row['efficiency'] == pytest.approx(1.0)
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots()
+    try:
+        plot.plot_efficiency_lines(ax, summary, model)
+        dashed = {line.get_label(): list(line.get_ydata())
+                  for line in ax.lines if line.get_linestyle() == '--'}
+    finally:
+        plt.close(fig)
+    for mode in ('typical', 'cgdp'):
+        expected = [r['efficiency'] for r in sorted(
+            (r for r in model if r['mode'] == mode),
+            key=lambda r: r['n_devices'])]
+        assert dashed['{} (cost model)'.format(mode)] == pytest.approx(
+            expected)
+
+
+@pytest.mark.slow
 def test_redraw_from_csv_reproduces_the_figures(small_run, tmp_path):
     folder, _ = small_run
     copy = str(tmp_path / 'run')
