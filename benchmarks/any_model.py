@@ -200,25 +200,12 @@ def chunking_list(text):
     return entries
 
 
-def part_list(text):
-    """argparse type: ``all`` or comma-separated names of :data:`PARTS`."""
-    import argparse
-    if text == 'all':
-        return list(PARTS)
-    names = [name.strip() for name in text.split(',') if name.strip()]
-    unknown = [name for name in names if name not in PARTS]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(
-            'unknown part(s) {}; use all or a comma-separated list of '
-            '{}'.format(', '.join(unknown) or '(none)', ', '.join(PARTS)))
-    return [name for name in PARTS if name in names]
-
-
 def build_parser():
     from experiments import cli
     parser = cli.ArgumentParser(prog='python -m benchmarks.any_model',
                                 description=__doc__.splitlines()[0])
-    parser.add_argument('--parts', type=part_list, default=list(PARTS))
+    parser.add_argument('--parts', type=cli.name_list(PARTS, 'part', 'all'),
+                        default=list(PARTS))
     parser.add_argument('--image-size', type=cli.positive_int, default=64)
     parser.add_argument('--batch', type=cli.positive_int, default=2,
                         help='examples per replica')

@@ -62,17 +62,6 @@ def int_list(text):
     return values
 
 
-def name_list(choices, option):
-    def parse(text):
-        names = [n for n in text.split(',') if n]
-        bad = [n for n in names if n not in choices]
-        if bad or not names:
-            cli.fail('{} takes comma-separated names from {}; got {!r}'.format(
-                option, ', '.join(choices), text))
-        return names
-    return parse
-
-
 def copy_bandwidth(n_floats, repeats):
     """Bytes per second of ``numpy.copyto`` (read + write), best of
     ``repeats``, the destination faulted in first."""
@@ -142,13 +131,13 @@ def main(argv=None):
     parser.add_argument('--slots', default=[1, 2, 4], type=int_list)
     parser.add_argument(
         '--optimizers', default=['momentum_sgd', 'adam'],
-        type=name_list(sorted(host_update.OPTIMIZERS), '--optimizers'))
+        type=cli.name_list(sorted(host_update.OPTIMIZERS), 'optimizer'))
     parser.add_argument('--repeats', default=3, type=cli.positive_int)
     parser.add_argument('--threads', default=None, type=cli.positive_int,
                         help='host threads (default: the CPU count)')
     parser.add_argument(
         '--backends', default=None,
-        type=name_list(host_update.BACKENDS[1:], '--backends'),
+        type=cli.name_list(host_update.BACKENDS[1:], 'backend'),
         help='default: numba (where it imports) and numpy')
     parser.add_argument('--no-chainer', action='store_true',
                         help="skip Chainer's own path")

@@ -30,6 +30,8 @@ import time
 
 from experiments import cli  # NOQA: first, it silences import-time warnings
 
+from benchmarks import host_update as host_update_benchmark
+
 import models
 import chainer
 from chainer.training import updaters
@@ -235,18 +237,6 @@ def startup_and_signals(base, args):
         sum(a.nbytes for a in x) for x in inputs)
 
 
-def copy_bandwidth(n_floats, repeats=5):
-    src = numpy.random.rand(n_floats).astype(numpy.float32)
-    dst = numpy.empty_like(src)
-    dst[...] = 0  # page faults happen here, not in the timed copies
-    best = float('inf')
-    for _ in range(repeats):
-        start = time.perf_counter()
-        numpy.copyto(dst, src)
-        best = min(best, time.perf_counter() - start)
-    return 2 * src.nbytes / best
-
-
 def accumulator_bandwidth(model, n_slots=4, repeats=3):
     """Times the real HostAccumulator over ``n_slots`` CPU replicas' worth
     of gradients, all chunks at once, MomentumSGD."""
@@ -293,20 +283,6 @@ def accumulator_bandwidth(model, n_slots=4, repeats=3):
     return bytes_moved / best, best, n_floats
 
 
-def part_list(text):
-    """argparse type: ``all`` or comma-separated names of :data:`PARTS`."""
-    import argparse
-    if text == 'all':
-        return list(PARTS)
-    names = [name.strip() for name in text.split(',') if name.strip()]
-    unknown = [name for name in names if name not in PARTS]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(
-            'unknown part(s) {}; use all or a comma-separated list of '
-            '{}'.format(', '.join(unknown) or '(none)', ', '.join(PARTS)))
-    return [name for name in PARTS if name in names]
-
-
 def build_parser():
     parser = cli.ArgumentParser(prog='python -m benchmarks.runtime',
                                 description=__doc__.splitlines()[0])
@@ -316,7 +292,8 @@ def build_parser():
     parser.add_argument('--iterations', type=cli.positive_int, default=5)
     parser.add_argument('--warmup', type=cli.non_negative_int, default=2)
     parser.add_argument('--rounds', type=cli.positive_int, default=2)
-    parser.add_argument('--parts', type=part_list, default=list(PARTS),
+    parser.add_argument('--parts', type=cli.name_list(PARTS, 'part', 'all'),
+                        default=list(PARTS),
                         help='all, or a comma-separated subset of ' +
                              ','.join(PARTS))
     return parser
@@ -381,7 +358,7 @@ def main(argv=None):
     if 'host' in parts:
         model = models.get_model(args.net, seed=0)
         bandwidth, seconds, n_floats = accumulator_bandwidth(model)
-        copy_bw = copy_bandwidth(n_floats)
+        copy_bw = host_update_benchmark.copy_bandwidth(n_floats, repeats=5)
         print('[host] host accumulator, 4 slots + MomentumSGD over {:.1f} M '
               'parameters: {:.3f} s, {:.2f} GB/s effective; NumPy copy '
               '{:.2f} GB/s; ratio {:.2f}'.format(

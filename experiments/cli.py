@@ -181,6 +181,37 @@ def net_name(text):
     return text
 
 
+def name_list(choices, what, everything=None):
+    """argparse type factory: comma-separated names taken from ``choices``.
+
+    Args:
+        choices (sequence of str): The valid names, in their order.
+        what (str): What the names are, for the message (``'part'``).
+        everything (str or None): A word that stands for all of them
+            (``'all'``), if any.
+
+    Returns:
+        callable: ``parse(text) -> list of str``, the names in the order of
+        ``choices``; raises ``argparse.ArgumentTypeError`` naming the
+        unknown ones and the valid choices.
+    """
+    choices = list(choices)
+
+    def parse(text):
+        if everything is not None and text.strip() == everything:
+            return list(choices)
+        names = [name.strip() for name in text.split(',') if name.strip()]
+        unknown = [name for name in names if name not in choices]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(
+                'unknown {}(s) {}; use {}a comma-separated list of {}'.format(
+                    what, ', '.join(unknown) or '(none)',
+                    '' if everything is None else everything + ' or ',
+                    ', '.join(choices)))
+        return [name for name in choices if name in names]
+    return parse
+
+
 def chunk_size(text):
     """argparse type: a CGDP chunk size, a positive integer or a policy.
 

@@ -8,13 +8,13 @@ device), ``nccl`` (MultiprocessParallelUpdater, GPUs with NCCL), ``cgdp``
 ``chainermn`` (ChainerMN, one device per rank, MPI only). A new mode is
 one more entry in :data:`MODES`.
 """
-import argparse
 import collections
 
 import chainer
 from chainer.training.updaters import MultiprocessParallelUpdater
 
 from cgdp_chainer import blas
+from experiments import cli
 from experiments import mpi_world
 from experiments import train
 
@@ -207,22 +207,5 @@ def default_modes(world):
     return [name for name, mode in MODES.items() if launch in mode.launches]
 
 
-def mode_list(text):
-    """argparse type: comma-separated names of :data:`MODES`.
-
-    Args:
-        text (str): The argument as typed, e.g. ``typical,cgdp``.
-
-    Returns:
-        list of str: The names, in :data:`MODES` order.
-
-    Raises:
-        argparse.ArgumentTypeError: An unknown name, or none.
-    """
-    names = [name.strip() for name in text.split(',') if name.strip()]
-    unknown = [name for name in names if name not in MODES]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(
-            'unknown mode(s) {}; choose from {}'.format(
-                ', '.join(unknown) or '(none)', ', '.join(MODES)))
-    return [name for name in MODES if name in names]
+# argparse type: comma-separated names of MODES, in MODES order.
+mode_list = cli.name_list(MODES, 'mode')
