@@ -6,7 +6,6 @@ import copy
 import os
 import subprocess
 import sys
-import textwrap
 
 import numpy
 import pytest
@@ -16,12 +15,12 @@ from cgdp_chainer import blas
 import chainer
 import chainer.links as L
 from chainer import optimizer_hooks
-from chainer.training import updaters
 
 import any_models
+import equivalence
+from equivalence import WORKERS, assert_same_params, cgdp, parallel, standard  # NOQA
 import staged_models
 
-WORKERS = ['process', 'thread']
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
 
@@ -42,24 +41,9 @@ def setup_optimizer(kind, model):
 
 def train(model, optimizer_kind, make_updater, iterations=3, batch=6,
           data=None):
-    optimizer = setup_optimizer(optimizer_kind, model)
-    iterator = chainer.iterators.SerialIterator(
-        data if data is not None else staged_models.dataset(), batch,
-        shuffle=False)
-    updater = make_updater(iterator, optimizer)
-    try:
-        for _ in range(iterations):
-            updater.update()
-    finally:
-        updater.finalize()
-    return {name: p.array.copy() for name, p in model.namedparams()}
-
-
-def assert_same_params(expected, actual, rtol=1e-5, atol=1e-6):
-    assert expected.keys() == actual.keys()
-    for name in expected:
-        numpy.testing.assert_allclose(actual[name], expected[name], rtol=rtol,
-                                      atol=atol, err_msg=name)
+    return equivalence.train(
+        model, lambda m: setup_optimizer(optimizer_kind, m), make_updater,
+        iterations=iterations, batch=batch, data=data)
 
 
 def assert_trained(initial, trained, names=None):
@@ -67,25 +51,6 @@ def assert_trained(initial, trained, names=None):
     a zero bias of an unused layer stays zero) has changed."""
     names = names or [n for n in initial if n.endswith('/W')]
     assert all(not numpy.array_equal(initial[n], trained[n]) for n in names)
-
-
-def standard(iterator, optimizer):
-    return updaters.StandardUpdater(iterator, optimizer)
-
-
-def parallel(n):
-    def make(iterator, optimizer):
-        devices = {'main': '@numpy'}
-        devices.update({'replica{}'.format(i): '@numpy' for i in range(1, n)})
-        return updaters.ParallelUpdater(iterator, optimizer, devices=devices)
-    return make
-
-
-def cgdp(n, **kwargs):
-    def make(iterator, optimizer):
-        return cgdp_chainer.CGDPUpdater(iterator, optimizer, ['@numpy'] * n,
-                                        **kwargs)
-    return make
 
 
 def _initial(model):

@@ -15,11 +15,12 @@ import pytest
 
 import cgdp_chainer
 import chainer
-import chainer.functions as F
 import chainer.links as L
 from chainer import optimizer_hooks
 from chainer.training import updaters
 
+import equivalence
+from equivalence import WORKERS, assert_same_params, cgdp, parallel, standard  # NOQA
 import staged_models
 
 ITERATIONS = 3
@@ -46,46 +47,11 @@ def setup_optimizer(kind, model):
 
 def train(model, optimizer_kind, make_updater, iterations=ITERATIONS,
           batch=BATCH, data=None):
-    optimizer = setup_optimizer(optimizer_kind, model)
-    iterator = chainer.iterators.SerialIterator(
-        data if data is not None else staged_models.dataset(), batch,
-        shuffle=False)
-    updater = make_updater(iterator, optimizer)
-    try:
-        for _ in range(iterations):
-            updater.update()
-    finally:
-        updater.finalize()
-    return {name: p.array.copy() for name, p in model.namedparams()}
+    return equivalence.train(
+        model, lambda m: setup_optimizer(optimizer_kind, m), make_updater,
+        iterations=iterations, batch=batch, data=data)
 
 
-def assert_same_params(expected, actual, rtol=1e-5, atol=1e-6):
-    assert expected.keys() == actual.keys()
-    for name in expected:
-        numpy.testing.assert_allclose(actual[name], expected[name], rtol=rtol,
-                                      atol=atol, err_msg=name)
-
-
-def standard(iterator, optimizer):
-    return updaters.StandardUpdater(iterator, optimizer)
-
-
-def parallel(n):
-    def make(iterator, optimizer):
-        devices = {'main': '@numpy'}
-        devices.update({'replica{}'.format(i): '@numpy' for i in range(1, n)})
-        return updaters.ParallelUpdater(iterator, optimizer, devices=devices)
-    return make
-
-
-def cgdp(n, **kwargs):
-    def make(iterator, optimizer):
-        return cgdp_chainer.CGDPUpdater(iterator, optimizer, ['@numpy'] * n,
-                                        **kwargs)
-    return make
-
-
-WORKERS = ['process', 'thread']
 
 
 @pytest.mark.parametrize('workers', WORKERS)
