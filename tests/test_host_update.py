@@ -443,7 +443,7 @@ def test_switched_off_runs_chainer(monkeypatch):
 
 def test_measure_seconds_per_element():
     for name in sorted(host_update.OPTIMIZERS):
-        seconds = host_update.measure_seconds_per_element(
+        per_element = host_update.measure_seconds_per_element(
             name, 2, n_elements=1 << 14, repeats=1)
-        assert 0 < seconds < 1e-3
+        assert numpy.isfinite(per_element) and per_element > 0
     assert host_update.necessary_bytes('adam', 10, 4) == 4 * 10 * (4 + 6)

@@ -54,13 +54,22 @@ def test_a_killed_worker_makes_update_raise_naming_it():
     victim = sorted(workers, key=lambda p: p.name)[1]
     assert victim.name == 'cgdp-replica-1'
     os.kill(victim.pid, signal.SIGKILL)
-    started = time.monotonic()
-    with pytest.raises(RuntimeError) as info:
-        for _ in range(50):
-            updater.update()
-    # Within a few seconds, not after a time-out of minutes.
-    assert time.monotonic() - started < 10
-    message = str(info.value)
+    outcome = {}
+
+    def train_on():
+        try:
+            for _ in range(50):
+                updater.update()
+        except RuntimeError as error:
+            outcome['error'] = error
+    # A hang bound, not a timing: the dead worker is noticed by its
+    # process sentinel, not after a time-out of minutes.
+    trainer = threading.Thread(target=train_on)
+    trainer.start()
+    trainer.join(timeout=30)
+    assert not trainer.is_alive(), 'update() hung after a worker died'
+    assert 'error' in outcome, 'training went on with a dead worker'
+    message = str(outcome['error'])
     assert 'replica 1 (@numpy' in message
     assert 'SIGKILL' in message
     updater.finalize()
@@ -77,7 +86,8 @@ def test_workers_stay_alive_across_iterations_and_finalize_leaves_none():
     updater.update()
     updater.update()
     assert sorted(p.pid for p in multiprocessing.active_children()) == first
-    assert updater.startup_seconds is not None and updater.startup_seconds > 0
+    startup = updater.startup_seconds
+    assert startup is not None and startup > 0  # recorded, not judged
     updater.finalize()
     assert multiprocessing.active_children() == []
     # The master keeps its trained arrays after the shared memory is gone.
