@@ -682,7 +682,7 @@ class _WorkerServer(object):
 
     def _register(self, arena):
         import cupy
-        whole = numpy.frombuffer(arena._buffer, dtype=numpy.uint8)
+        whole = arena.as_bytes()
         cupy.cuda.runtime.hostRegister(whole.ctypes.data, whole.nbytes, 0)
 
     def serve(self, conn):

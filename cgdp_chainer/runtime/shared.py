@@ -101,6 +101,11 @@ class SharedArena(object):
     def n_bytes(self):
         return self.layout.size
 
+    def as_bytes(self):
+        """The whole segment as one uint8 array (to page-lock it for
+        CUDA copies, for example)."""
+        return numpy.frombuffer(self._buffer, dtype=numpy.uint8)
+
     def close(self):
         """Releases the mapping (and removes the segment, in its creator).
 
