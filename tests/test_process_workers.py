@@ -192,6 +192,17 @@ def test_a_model_defined_in_the_script_works_with_the_main_guard(tmp_path):
     assert 'trained 2' in result.stdout
 
 
+def _worker_pids(process, pids):
+    """The worker pids a script writes to ``pids`` once it has trained an
+    iteration (hang bound: 90 s; the script must stay alive meanwhile)."""
+    deadline = time.monotonic() + 90
+    while not pids.exists() or not pids.read_text().strip():
+        assert process.poll() is None, process.stderr.read()
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    return [int(p) for p in pids.read_text().split()]
+
+
 def test_workers_exit_when_the_users_process_dies(tmp_path):
     pids = tmp_path / 'pids'
     script = tmp_path / 'victim.py'
@@ -218,12 +229,7 @@ def test_workers_exit_when_the_users_process_dies(tmp_path):
     process = subprocess.Popen([sys.executable, str(script)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 90
-        while not pids.exists() or not pids.read_text().strip():
-            assert process.poll() is None, process.stderr.read()
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        workers = [int(p) for p in pids.read_text().split()]
+        workers = _worker_pids(process, pids)
         assert len(workers) == 2
         process.kill()
         process.wait(timeout=10)
@@ -273,12 +279,7 @@ def test_ctrl_c_to_the_whole_process_group_ends_the_run(tmp_path):
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, start_new_session=True)
     try:
-        deadline = time.monotonic() + 90
-        while not pids.exists() or not pids.read_text().strip():
-            assert process.poll() is None, process.stderr.read()
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        workers = [int(p) for p in pids.read_text().split()]
+        workers = _worker_pids(process, pids)
         time.sleep(0.5)
         os.killpg(process.pid, signal.SIGINT)
         out, err = process.communicate(timeout=30)
