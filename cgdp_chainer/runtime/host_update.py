@@ -46,6 +46,8 @@ import chainer  # NOQA: the caller (cgdp_chainer) imported the compat first
 from chainer import optimizer_hooks
 from chainer import optimizers
 
+from cgdp_chainer.runtime import reduction
+
 BACKENDS = ('auto', 'numba', 'numpy')
 
 # Elements per block: the block's gradient buffer (and, for the NumPy backend,
@@ -797,11 +799,10 @@ class FusedBench(object):
     def chainer_step(self, n_slots=None):
         """The same through the accumulator's block reduction into
         ``param.grad`` and Chainer's update rules (the unfused path)."""
-        from cgdp_chainer.runtime import accumulator
         n = n_slots or self.n_slots
         self.optimizer.t += 1
         for p, slots in zip(self.params, self.slots):
-            accumulator.reduce_sum(p.grad, slots[:n], 1.0 / n)
+            reduction.reduce_sum(p.grad, slots[:n], 1.0 / n)
             p.update()
 
     def best_seconds(self, repeats, step=None, n_slots=None):

@@ -1,0 +1,119 @@
+"""The package's import graph: no two modules import each other, directly or
+through others, and the runtime never imports the layers above it."""
+import ast
+import os
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))), 'cgdp_chainer')
+
+
+def module_files():
+    """Module name -> path, for every module of the package."""
+    found = {}
+    for folder, _, names in os.walk(ROOT):
+        for name in names:
+            if not name.endswith('.py'):
+                continue
+            path = os.path.join(folder, name)
+            parts = os.path.relpath(path, os.path.dirname(ROOT))[:-3].split(
+                os.sep)
+            if parts[-1] == '__init__':
+                parts = parts[:-1]
+            found['.'.join(parts)] = path
+    return found
+
+
+def imported_modules(path, modules):
+    """The package's modules that the file imports anywhere in it (also
+    inside functions: a deferred import still ties the two modules)."""
+    tree = ast.parse(open(path).read(), path)
+    package = os.path.relpath(os.path.dirname(path), os.path.dirname(
+        ROOT)).replace(os.sep, '.')
+    targets = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ''
+            if node.level:
+                anchor = package.split('.')
+                anchor = anchor[:len(anchor) - (node.level - 1)]
+                base = '.'.join(anchor + ([base] if base else []))
+            for alias in node.names:
+                full = base + '.' + alias.name
+                targets.add(full if full in modules else base)
+    return {t for t in targets if t in modules}
+
+
+def import_graph():
+    modules = module_files()
+    return {name: imported_modules(path, modules) - {name}
+            for name, path in modules.items()}
+
+
+def cycles(graph):
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, on_stack, stack, found = {}, {}, set(), [], []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def without_package_roots(graph):
+    """The graph less the edges into a package's ``__init__`` from its own
+    modules: ``from cgdp_chainer import blas`` names the module, and a
+    package's ``__init__`` importing its children is how packages work."""
+    return {name: {t for t in targets if not name.startswith(t + '.')}
+            for name, targets in graph.items()}
+
+
+def test_the_import_graph_finds_a_known_edge():
+    graph = import_graph()
+    assert 'cgdp_chainer.runtime.accumulator' in graph[
+        'cgdp_chainer.runtime.updater']
+
+
+def test_cycle_finder_finds_a_circle():
+    assert cycles({'a': {'b'}, 'b': {'c'}, 'c': {'a'}, 'd': {'a'}}) == [
+        ['a', 'b', 'c']]
+
+
+def test_no_import_circle_in_the_package():
+    assert cycles(without_package_roots(import_graph())) == []
+
+
+@pytest.mark.parametrize('upper', ['cgdp_chainer.costmodel', 'experiments',
+                                   'benchmarks'])
+def test_the_runtime_imports_nothing_above_it(upper):
+    graph = import_graph()
+    offenders = sorted(
+        '{} -> {}'.format(name, target)
+        for name, targets in graph.items()
+        if name.startswith('cgdp_chainer.runtime')
+        for target in targets if target.startswith(upper))
+    assert offenders == []
