@@ -123,6 +123,14 @@ def is_gpu(device):
     return device.xp is not numpy
 
 
+def spec_of(device):
+    """The project's specifier of a parsed device: ``'@numpy'`` or
+    ``'@cupy:N'``."""
+    if is_gpu(device):
+        return '@cupy:{}'.format(device.device.id)
+    return '@numpy'
+
+
 def numpy_devices(n):
     """``n`` CPU replica specifiers, for machines without GPUs."""
     return ['@numpy'] * n

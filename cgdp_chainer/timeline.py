@@ -5,10 +5,20 @@ import threading
 import time
 
 EVENT_KINDS = ('forward', 'backward', 'd2h', 'reduce', 'update', 'h2d',
-               'wait')
+               'wait', 'allreduce')
+
+# Host events of these kinds are the MPI communication thread's work; the
+# trace shows them on that thread's track rather than the host thread's.
+COMMUNICATION_KINDS = ('allreduce',)
+
+# Chrome trace ids: replicas keep their index; host and communication
+# threads come after them, in this order, numbered as they first appear.
+_HOST_TRACK_BASE = 1000
+_COMMUNICATION_TRACK_BASE = 2000
 
 Event = collections.namedtuple(
-    'Event', ('iteration', 'device', 'kind', 'chunk', 'start', 'end'))
+    'Event', ('iteration', 'device', 'kind', 'chunk', 'start', 'end',
+              'thread'), defaults=(None,))
 Event.__doc__ = """One recorded interval.
 
 Attributes:
@@ -18,6 +28,9 @@ Attributes:
     chunk (int or None): Chunk index (0 holds the input-side stages).
     start (float): Seconds since :attr:`Timeline.origin`.
     end (float): Seconds since :attr:`Timeline.origin`.
+    thread (str or None): For host events, the name of the thread that did
+        the work (a host accumulator thread, or the MPI communication
+        thread for ``'allreduce'``).
 """
 
 
@@ -39,23 +52,42 @@ class Timeline(object):
         self._events = []
         self._summaries = []
         self._lock = threading.Lock()
+        self._replica_labels = {}
+        self._rank = None
+
+    def name_tracks(self, replica_labels, rank=None):
+        """Names the trace's tracks (the updater calls it when it starts).
+
+        Args:
+            replica_labels (list of str): One label per replica index,
+                e.g. ``'replica 0 @numpy'``.
+            rank (int or None): This process's MPI rank, if any.
+        """
+        self._replica_labels = dict(enumerate(replica_labels))
+        self._rank = rank
 
     def now(self):
         """Seconds since :attr:`origin`."""
         return time.perf_counter() - self.origin
 
-    def record(self, iteration, device, kind, chunk, start, end):
-        """Adds one event (times in seconds since :attr:`origin`)."""
+    def record(self, iteration, device, kind, chunk, start, end,
+               thread=None):
+        """Adds one event (times in seconds since :attr:`origin`; see
+        :class:`Event` for the fields)."""
         if kind not in EVENT_KINDS:
             raise ValueError('unknown event kind {!r}; valid kinds: {}'.format(
                 kind, ', '.join(EVENT_KINDS)))
         with self._lock:
             self._events.append(
-                Event(iteration, device, kind, chunk, start, end))
+                Event(iteration, device, kind, chunk, start, end, thread))
 
-    def span(self, iteration, device, kind, chunk=None):
-        """Context manager that records the time spent inside it."""
-        return _Span(self, iteration, device, kind, chunk)
+    def span(self, iteration, device, kind, chunk=None, thread=None):
+        """Context manager that records the time spent inside it; a host
+        event is put on the calling thread's track unless ``thread`` names
+        another."""
+        if device == 'host' and thread is None:
+            thread = threading.current_thread().name
+        return _Span(self, iteration, device, kind, chunk, thread)
 
     def end_iteration(self, iteration, start, end, sync_end=None):
         """Closes an iteration and derives its summary from its events.
@@ -121,20 +153,32 @@ class Timeline(object):
         return [e for e in self.events if e.iteration == iteration]
 
     def to_chrome_trace(self):
-        """The events in Chrome's trace event format (Perfetto opens it)."""
+        """The events in Chrome's trace event format (Perfetto opens it):
+        one process (named by its MPI rank, if any), one named track per
+        replica, then one per host thread and per communication thread."""
+        tracks = _TrackNames(self._replica_labels)
         trace = []
+        pid = self._rank or 0
         for e in self.events:
-            tid = 'host' if e.device == 'host' else 'device {}'.format(
-                e.device)
             name = e.kind if e.chunk is None else '{} c{}'.format(
                 e.kind, e.chunk)
             trace.append({
-                'name': name, 'cat': e.kind, 'ph': 'X', 'pid': 0,
-                'tid': tid, 'ts': e.start * 1e6,
+                'name': name, 'cat': e.kind, 'ph': 'X', 'pid': pid,
+                'tid': tracks.tid(e), 'ts': e.start * 1e6,
                 'dur': max(0.0, e.end - e.start) * 1e6,
                 'args': {'iteration': e.iteration, 'chunk': e.chunk},
             })
-        return {'traceEvents': trace, 'displayTimeUnit': 'ms'}
+        process = 'cgdp' if self._rank is None else 'cgdp rank {}'.format(
+            self._rank)
+        metadata = [{'name': 'process_name', 'ph': 'M', 'pid': pid,
+                     'tid': 0, 'args': {'name': process}}]
+        for tid, label in tracks.named():
+            metadata.append({'name': 'thread_name', 'ph': 'M', 'pid': pid,
+                             'tid': tid, 'args': {'name': label}})
+            metadata.append({'name': 'thread_sort_index', 'ph': 'M',
+                             'pid': pid, 'tid': tid,
+                             'args': {'sort_index': tid}})
+        return {'traceEvents': metadata + trace, 'displayTimeUnit': 'ms'}
 
     def export_chrome_trace(self, path):
         """Writes :meth:`to_chrome_trace` as JSON to ``path``, atomically.
@@ -150,11 +194,46 @@ class Timeline(object):
             f.write(text)
 
 
+class _TrackNames(object):
+    """Integer track ids and their names, for the Chrome trace."""
+
+    def __init__(self, replica_labels):
+        self._replica_labels = replica_labels
+        self._tids = {('replica', index): (index, label)
+                      for index, label in replica_labels.items()}
+
+    def tid(self, event):
+        if event.device != 'host':
+            key = ('replica', event.device)
+            label = self._replica_labels.get(
+                event.device, 'replica {}'.format(event.device))
+            number = event.device
+        elif event.kind in COMMUNICATION_KINDS:
+            key = ('communication', event.thread)
+            label = 'communication thread {}'.format(event.thread or '')
+            number = _COMMUNICATION_TRACK_BASE + self._count(key[0])
+        else:
+            key = ('host', event.thread)
+            label = 'host thread {}'.format(event.thread or '')
+            number = _HOST_TRACK_BASE + self._count(key[0])
+        if key not in self._tids:
+            self._tids[key] = (number, label.strip())
+        return self._tids[key][0]
+
+    def _count(self, kind):
+        return sum(1 for key in self._tids if key[0] == kind)
+
+    def named(self):
+        """``(tid, name)`` of every track used, in id order."""
+        return sorted(self._tids.values())
+
+
 class _Span(object):
 
-    def __init__(self, timeline, iteration, device, kind, chunk):
+    def __init__(self, timeline, iteration, device, kind, chunk, thread):
         self._timeline = timeline
         self._args = (iteration, device, kind, chunk)
+        self._thread = thread
 
     def __enter__(self):
         self._start = self._timeline.now()
@@ -162,5 +241,5 @@ class _Span(object):
 
     def __exit__(self, *exc):
         self._timeline.record(*self._args, start=self._start,
-                              end=self._timeline.now())
+                              end=self._timeline.now(), thread=self._thread)
         return False

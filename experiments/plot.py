@@ -312,6 +312,15 @@ def _assign_lanes(rows):
     return lanes
 
 
+def _chunking_words(timeline_info):
+    """The chunking that ran, as the updater described it (older runs
+    recorded only a chunk size, None for the default chunks)."""
+    if timeline_info.get('chunking'):
+        return timeline_info['chunking']
+    size = timeline_info.get('chunk_size')
+    return 'default chunks' if size is None else 'chunk size {}'.format(size)
+
+
 def draw_timeline(rows, env, path):
     """Writes ``timeline.png``: a Gantt chart of one CGDP iteration.
 
@@ -352,13 +361,13 @@ def draw_timeline(rows, env, path):
     ax.set_ylabel('replica / host')
     timeline_info = env.get('timeline') or {}
     n_ranks = timeline_info.get('n_ranks', 1)
-    ax.set_title('One measured CGDP iteration ({}N={}, iteration {}, chunk '
-                 'size {})\n{}'.format(
+    ax.set_title('One measured CGDP iteration ({}N={}, iteration {}, {})'
+                 '\n{}'.format(
                      'rank 0 of R={}, '.format(n_ranks) if n_ranks > 1
                      else '',
                      timeline_info.get('n_devices', '?'),
                      timeline_info.get('iteration', '?'),
-                     timeline_info.get('chunk_size', '?'),
+                     _chunking_words(timeline_info),
                      _setting_line(env)))
     kinds = [k for k in KIND_COLORS if any(r['kind'] == k for r in rows)]
     kinds += sorted({r['kind'] for r in rows} - set(KIND_COLORS))

@@ -254,12 +254,13 @@ def time_mode(net, mode, device_specs, settings, args, timeline, on_step,
             with stops.signals.hold():
                 updater.finalize()
                 chunk_size = getattr(updater, 'chunk_size', None)
+                chunking = getattr(updater, 'chunking_description', None)
                 # Drop every reference to the run's arrays before the next
                 # run, so that the replicas of two runs never coexist.
                 del updater, inputs, optimizer, model, examples
                 gc.collect()
                 free_gpu_memory(device_specs)
-    return {'chunk_size': chunk_size, 'warmup': warmup}
+    return {'chunk_size': chunk_size, 'chunking': chunking, 'warmup': warmup}
 
 
 def write_timeline(folder, timeline, warmup):
@@ -412,7 +413,8 @@ def run_network(net_plan, plan, args, run_id, command, progress, stops,
                             'n_ranks': n_ranks,
                             'iteration': chosen['iteration'],
                             'duration_s': chosen['duration'],
-                            'chunk_size': info['chunk_size']}
+                            'chunk_size': info['chunk_size'],
+                            'chunking': info['chunking']}
         if root and world is None and args.model:
             env['model'] = write_prediction(
                 folder, net, writer.path, device_specs_for(kind, 1)[0], args,

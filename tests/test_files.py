@@ -1,6 +1,7 @@
 """Tests of cgdp_chainer.files: atomic writes and output-path probes."""
 import json
 import os
+import threading
 
 import numpy
 import pytest
@@ -92,7 +93,8 @@ def test_chrome_trace_export_is_complete_json_and_leaves_no_temporary(
     timeline.export_chrome_trace(path)
     with open(path) as f:
         events = json.load(f)['traceEvents']
-    assert [event['name'] for event in events] == ['forward c0']
+    assert [event['name'] for event in events
+            if event['ph'] == 'X'] == ['forward c0']
     assert _listing(tmp_path) == ['trace.json']
 
 
@@ -124,3 +126,29 @@ def test_writable_folder_probe_reports_a_folder_that_takes_no_files():
     # /proc takes no new files, even for root (who may write anywhere else).
     with pytest.raises(ValueError, match='cannot write into folder /proc'):
         files.check_writable_folder('/proc')
+
+
+def test_chrome_trace_names_replica_host_and_communication_tracks():
+    timeline = timeline_module.Timeline()
+    timeline.name_tracks(['replica 0 @numpy', 'replica 1 @cupy:1'], rank=3)
+    timeline.record(0, 1, 'backward', 0, 0.0, 0.5)
+    with timeline.span(0, 'host', 'update', 0):
+        pass
+    timeline.record(0, 'host', 'allreduce', 0, 0.1, 0.2,
+                    thread='cgdp-allreduce')
+    trace = timeline.to_chrome_trace()['traceEvents']
+    names = {e['tid']: e['args']['name'] for e in trace
+             if e['name'] == 'thread_name'}
+    assert sorted(names.values()) == [
+        'communication thread cgdp-allreduce',
+        'host thread {}'.format(threading.current_thread().name),
+        'replica 0 @numpy', 'replica 1 @cupy:1']
+    by_name = {e['name']: names[e['tid']] for e in trace if e['ph'] == 'X'}
+    assert by_name == {
+        'backward c0': 'replica 1 @cupy:1',
+        'update c0': 'host thread {}'.format(
+            threading.current_thread().name),
+        'allreduce c0': 'communication thread cgdp-allreduce'}
+    assert {e['pid'] for e in trace} == {3}
+    assert [e['args']['name'] for e in trace
+            if e['name'] == 'process_name'] == ['cgdp rank 3']

@@ -196,6 +196,28 @@ def test_cgdp_run_writes_the_chrome_trace(tmp_path, capsys):
     assert os.path.isfile(os.path.join(out, 'snapshot_iter_2'))
     assert 'wrote the Chrome trace' in capsys.readouterr().out
     assert os.listdir(os.path.dirname(trace)) == ['trace.json']
+    assert_named_tracks(events, n_replicas=2)
+
+
+def assert_named_tracks(events, n_replicas):
+    """One named process; a named track per replica, sorted first, then
+    one per host thread that did work; every event on a named track."""
+    metadata = [e for e in events if e['ph'] == 'M']
+    assert [e['args']['name'] for e in metadata
+            if e['name'] == 'process_name'] == ['cgdp']
+    names = {e['tid']: e['args']['name'] for e in metadata
+             if e['name'] == 'thread_name'}
+    order = {e['tid']: e['args']['sort_index'] for e in metadata
+             if e['name'] == 'thread_sort_index'}
+    assert all(isinstance(tid, int) for tid in names)
+    replicas = ['replica {} @numpy'.format(k) for k in range(n_replicas)]
+    assert [names[tid] for tid in sorted(names, key=order.get)][
+        :n_replicas] == replicas
+    host_tracks = {names[e['tid']] for e in events
+                   if e['ph'] == 'X' and e['cat'] == 'update'}
+    assert host_tracks and all(name.startswith('host thread cgdp-host')
+                               for name in host_tracks)
+    assert {e['tid'] for e in events if e['ph'] == 'X'} <= set(names)
 
 
 def test_training_on_an_image_list(tmp_path, capsys):

@@ -278,7 +278,7 @@ class ProcessReplicas(object):
         for index, device in enumerate(self.devices):
             parent_end, child_end = context.Pipe(duplex=True)
             init = _WorkerInit(
-                index=index, device_spec=_device_spec(device),
+                index=index, device_spec=devices_module.spec_of(device),
                 replica_bytes=self._replica_bytes,
                 master_layout=self._master_arena.layout,
                 slot_layout=self._slot_arenas[index].layout,
@@ -503,12 +503,6 @@ def describe_exit(exitcode):
             name = 'signal {}'.format(-exitcode)
         return 'was killed by {}'.format(name)
     return 'exited with status {}'.format(exitcode)
-
-
-def _device_spec(device):
-    if devices_module.is_gpu(device):
-        return '@cupy:{}'.format(device.device.id)
-    return '@numpy'
 
 
 class _ReplicaPickler(pickle.Pickler):

@@ -241,6 +241,24 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         return self._chunk_size
 
     @property
+    def chunking_description(self):
+        """The chunking in use in words, e.g. ``'129 chunks of >= 1 MiB'``
+        (for figures and logs)."""
+        kind, value = self._spec
+        count = '?' if self._plan is None else self._plan.n_chunks
+        if kind == 'bytes':
+            words = '{} chunks of >= {}'.format(count, _size_words(value))
+        elif kind == 'size':
+            words = '{} chunks of {} layer{}'.format(
+                count, value, '' if value == 1 else 's')
+        else:
+            words = '{} chunks starting at layers {}'.format(
+                count, [0] + list(value))
+        if self._search is not None:
+            words += ' (auto search)'
+        return words
+
+    @property
     def chunk_size_settled(self):
         """False while ``chunk_size='auto'`` is still trying sizes."""
         return self._search is None or self._search.done
@@ -494,6 +512,11 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             # copied from the master.
             mpi.broadcast_parameters(self._mpi_comm, master)
             self._allreducer = mpi.ChunkAllreducer(self._mpi_comm)
+        if self.timeline is not None:
+            self.timeline.name_tracks(
+                ['replica {} {}'.format(index, devices_module.spec_of(device))
+                 for index, device in enumerate(self._devices)],
+                rank=getattr(self._allreducer, 'rank', None))
         if self._chooser is not None:
             n = len(self._devices)
             self._choose_chunk_size(master, convert._call_converter(
@@ -631,6 +654,13 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self._accumulator.close()
         if self._allreducer is not None:
             self._allreducer.close()
+
+
+def _size_words(n_bytes):
+    for unit, size in (('GiB', 1 << 30), ('MiB', 1 << 20), ('KiB', 1 << 10)):
+        if n_bytes >= size:
+            return '{:g} {}'.format(n_bytes / size, unit)
+    return '{} B'.format(n_bytes)
 
 
 def _check_arguments(devices, reduction, timeline, blas_threads,
