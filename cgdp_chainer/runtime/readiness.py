@@ -158,17 +158,7 @@ class ReadinessBackward(object):
             ValueError: ``loss`` is not a Variable, holds a ChainerX array,
                 or ``on_ready`` is not callable.
         """
-        if not isinstance(loss, chainer.Variable):
-            raise ValueError('loss must be a chainer.Variable, not {}'.format(
-                type(loss).__name__))
-        if not callable(on_ready):
-            raise ValueError('on_ready must be callable as '
-                             'on_ready(name, used)')
-        if loss.xp is chainerx:
-            raise ValueError(
-                'loss holds a ChainerX array; the readiness backward '
-                'supports NumPy and CuPy arrays only')
-
+        _check_backward_arguments(loss, on_ready)
         names_of = {}
         for name, param in self._params:
             names_of.setdefault(param.node, []).append(name)
@@ -182,14 +172,12 @@ class ReadinessBackward(object):
         loss.grad_var = None
 
         order = []
-        unused = []
-        unused_grads = {}
-        for name, param in self._params:
-            if param.node not in consumers:
-                unused.append(name)
-                unused_grads[name] = param.grad_var
-                order.append(name)
-                on_ready(name, False)
+        unused_grads = collections.OrderedDict(
+            (name, param.grad_var) for name, param in self._params
+            if param.node not in consumers)
+        for name in unused_grads:
+            order.append(name)
+            on_ready(name, False)
 
         def ready(node, grad):
             # One node may be listed under several names (a Parameter
@@ -206,10 +194,22 @@ class ReadinessBackward(object):
         with chainer.using_config('enable_backprop', False):
             _traverse(root, root_grad, retain_grad, consumers, ready)
 
-        for name in unused:
-            if params_of[name].grad_var is not unused_grads[name]:
+        for name, grad in unused_grads.items():
+            if params_of[name].grad_var is not grad:
                 raise UnsupportedGraphError(_outside_message(name))
-        return BackwardReport(tuple(order), tuple(unused))
+        return BackwardReport(tuple(order), tuple(unused_grads))
+
+
+def _check_backward_arguments(loss, on_ready):
+    if not isinstance(loss, chainer.Variable):
+        raise ValueError('loss must be a chainer.Variable, not {}'.format(
+            type(loss).__name__))
+    if not callable(on_ready):
+        raise ValueError('on_ready must be callable as on_ready(name, used)')
+    if loss.xp is chainerx:
+        raise ValueError(
+            'loss holds a ChainerX array; the readiness backward supports '
+            'NumPy and CuPy arrays only')
 
 
 def _outside_message(name):
@@ -278,50 +278,69 @@ def _traverse(root, root_grad, retain_grad, consumers, ready):
     every gradient is accumulated in the same order as in
     ``loss.backward()``.
     """
-    remaining = dict(consumers)
-    cand_funcs = []
-    seen_set = set()
+    _Traversal(retain_grad, consumers, ready).run(root, root_grad)
 
-    def add_cand(cand):
-        if cand not in seen_set:
+
+class _Traversal(object):
+    """The state of one :func:`_traverse`: candidate functions by rank, the
+    gradient table, and the consumers each watched leaf still waits for."""
+
+    def __init__(self, retain_grad, consumers, ready):
+        self.retain_grad = retain_grad
+        self.remaining = dict(consumers)
+        self.ready = ready
+        self.cand_funcs = []
+        self.seen_set = set()
+        self.grads = _backprop_utils.GradTable(accumulate_grad_inputs=True)
+        self.leaf_nodes = set()
+        self.is_debug = chainer.is_debug()
+        self.base_hooks = chainer.get_function_hooks().values()
+
+    def add_cand(self, cand):
+        if cand not in self.seen_set:
             # Negated rank: heapq is a min-heap and the deepest goes first.
-            heapq.heappush(cand_funcs, (-cand.rank, len(seen_set), cand))
-            seen_set.add(cand)
+            heapq.heappush(self.cand_funcs,
+                           (-cand.rank, len(self.seen_set), cand))
+            self.seen_set.add(cand)
 
-    grads = _backprop_utils.GradTable(accumulate_grad_inputs=True)
-    leaf_nodes = set()
+    def run(self, root, root_grad):
+        self.grads.accumulate(root, root_grad)
+        if root.creator_node is None:
+            self.leaf_nodes.add(root)
+        else:
+            self.add_cand(root.creator_node)
+        while self.cand_funcs:
+            _, _, func = heapq.heappop(self.cand_funcs)
+            in_grad = self._backprop(func)
+            if in_grad is not None:
+                self._follow(func, in_grad)
+        self._finish()
 
-    grads.accumulate(root, root_grad)
-    if root.creator_node is None:
-        leaf_nodes.add(root)
-    else:
-        add_cand(root.creator_node)
+    def _hooks(self, func):
+        local_hooks = func.local_function_hooks
+        if not local_hooks:
+            return self.base_hooks
+        hooks = collections.OrderedDict(chainer.get_function_hooks())
+        hooks.update(local_hooks)
+        return hooks.values()
 
-    is_debug = chainer.is_debug()
-    base_hooks = chainer.get_function_hooks().values()
-    while cand_funcs:
-        _, _, func = heapq.heappop(cand_funcs)
+    def _backprop(self, func):
+        """One function's backward step, with the function hooks; returns
+        its inputs' gradients (None if no input needs one)."""
         inputs = func.inputs
         target_input_indexes = tuple([
             i for i, x in enumerate(inputs) if x.requires_grad])
         outputs = [y() for y in func.outputs]  # weak references
         out_grad = tuple([
-            grads.pop(y) if y is not None and y.creator_node is not None
+            self.grads.pop(y) if y is not None and y.creator_node is not None
             else None for y in outputs])
         if not target_input_indexes:
-            continue
+            return None
 
         in_data = [x.data for x in inputs]
         out_grad_array = [None if g is None else g.raw_array
                           for g in out_grad]
-        local_hooks = func.local_function_hooks
-        if local_hooks:
-            hooks = collections.OrderedDict(chainer.get_function_hooks())
-            hooks.update(local_hooks)
-            hooks = hooks.values()
-        else:
-            hooks = base_hooks
-
+        hooks = self._hooks(func)
         with chainer.using_device(
                 backend.get_device_from_array(*(in_data + out_grad_array))):
             for hook in hooks:
@@ -334,27 +353,29 @@ def _traverse(root, root_grad, retain_grad, consumers, ready):
             for i in target_input_indexes:
                 x = inputs[i]
                 if x not in in_grad:
-                    in_grad[x] = grads.get_as_list(x)
+                    in_grad[x] = self.grads.get_as_list(x)
 
             _backprop_utils.backprop_step(
-                func, target_input_indexes, out_grad, in_grad, is_debug)
+                func, target_input_indexes, out_grad, in_grad, self.is_debug)
 
             for hook in hooks:
                 hook.backward_postprocess(
                     func, tuple(in_data), tuple(out_grad_array))
 
-        if retain_grad:
+        if self.retain_grad:
             for y, gy in zip(outputs, out_grad):
                 if y is not None:
                     y._set_grad_var_if_available(gy)
-            del gy
-        del out_grad
+        return in_grad
 
+    def _follow(self, func, in_grad):
+        """Queues the inputs' creators and hands over every watched leaf
+        whose last consumer this was."""
         finished = []
         for x, gx in in_grad.items():
-            if x in remaining:
-                remaining[x] -= 1
-                if remaining[x] == 0:
+            if x in self.remaining:
+                self.remaining[x] -= 1
+                if self.remaining[x] == 0:
                     finished.append(x)
             if not gx:
                 continue
@@ -362,28 +383,29 @@ def _traverse(root, root_grad, retain_grad, consumers, ready):
                 if gx_elem is not None:
                     chainer.variable._check_grad_type(
                         func, x, True, gx_elem.raw_array)
-            del gx_elem
             if x.creator_node is None:
-                if x not in remaining:
-                    leaf_nodes.add(x)
+                if x not in self.remaining:
+                    self.leaf_nodes.add(x)
             else:
-                add_cand(x.creator_node)
+                self.add_cand(x.creator_node)
         del gx, in_grad
 
         for x in finished:
-            del remaining[x]
-            ready(x, grads.pop(x))
+            del self.remaining[x]
+            self.ready(x, self.grads.pop(x))
 
-    for x in leaf_nodes:
-        x_var = x.get_variable_or_none()
-        gx = grads.pop(x)
-        if x_var is not None:
-            x_var.grad_var = gx
-    # Watched parameters whose consumers were never visited (a gradient of
-    # None cut their branch off) are final now, as in loss.backward().
-    for x in list(remaining):
-        ready(x, grads.pop(x))
-    grads.assert_no_grads()
+    def _finish(self):
+        for x in self.leaf_nodes:
+            x_var = x.get_variable_or_none()
+            gx = self.grads.pop(x)
+            if x_var is not None:
+                x_var.grad_var = gx
+        # Watched parameters whose consumers were never visited (a gradient
+        # of None cut their branch off) are final now, as in
+        # loss.backward().
+        for x in list(self.remaining):
+            self.ready(x, self.grads.pop(x))
+        self.grads.assert_no_grads()
 
 
 def refuse_loss_scaling(optimizer):
@@ -510,15 +532,7 @@ class ChunkPlan(object):
                 from it, or ``nbytes`` missing a name.
         """
         order = tuple(order)
-        if len(set(order)) != len(order):
-            raise ValueError('order must name every parameter once')
-        if not order:
-            raise ValueError('order is empty: the model has no parameters')
-        unused = set(unused)
-        missing = unused.difference(order)
-        if missing:
-            raise ValueError('unused names not in order: {}'.format(
-                ', '.join(sorted(missing))))
+        _check_ready_order(order, unused)
         given = [n for n, v in (('chunk_size', chunk_size),
                                 ('chunk_bytes', chunk_bytes),
                                 ('boundaries', boundaries)) if v is not None]
@@ -528,43 +542,14 @@ class ChunkPlan(object):
                 'chunk_bytes (bytes per chunk) or boundaries (layer indices); '
                 'got {}'.format(', '.join(given) or 'none'))
 
-        layers = _layers_in_backward_order(order, unused)
+        layers = _layers_in_backward_order(order, set(unused))
         n_layers = len(layers)
         if chunk_size is not None:
-            if (isinstance(chunk_size, bool)
-                    or not isinstance(chunk_size, int) or chunk_size < 1):
-                raise ValueError('chunk_size must be a positive int (layers '
-                                 'per chunk), not {!r}'.format(chunk_size))
-            starts = list(range(0, n_layers, chunk_size))
+            starts = _starts_by_size(n_layers, chunk_size)
         elif chunk_bytes is not None:
-            if (isinstance(chunk_bytes, bool)
-                    or not isinstance(chunk_bytes, int) or chunk_bytes < 1):
-                raise ValueError('chunk_bytes must be a positive int, not '
-                                 '{!r}'.format(chunk_bytes))
-            if nbytes is None:
-                raise ValueError('chunk_bytes needs nbytes, a mapping of '
-                                 'parameter name to bytes')
-            lacking = [n for n in order if n not in nbytes]
-            if lacking:
-                raise ValueError('nbytes lacks {}'.format(
-                    ', '.join(lacking)))
-            starts = [0]
-            filled = 0
-            for i, (_, names) in enumerate(layers):
-                if filled >= chunk_bytes:
-                    starts.append(i)
-                    filled = 0
-                filled += sum(nbytes[n] for n in names)
+            starts = _starts_by_bytes(layers, order, chunk_bytes, nbytes)
         else:
-            starts = [0] + list(boundaries)
-            if any(isinstance(b, bool) or not isinstance(b, int)
-                   for b in starts) or any(
-                       b <= a for a, b in zip(starts, starts[1:])) or (
-                           starts[-1] >= n_layers):
-                raise ValueError(
-                    'boundaries must be strictly increasing layer indices in '
-                    '1 .. {} (the model has {} layers), not {!r}'.format(
-                        n_layers - 1, n_layers, list(boundaries)))
+            starts = _starts_at_boundaries(n_layers, boundaries)
         ends = starts[1:] + [n_layers]
         return cls([layers[a:b] for a, b in zip(starts, ends)])
 
@@ -587,6 +572,62 @@ class ChunkPlan(object):
                 'every {} must see the same first-iteration graph'.format(
                     what, differing[0], fingerprints[differing[0]],
                     self.fingerprint, what))
+
+
+def _check_ready_order(order, unused):
+    if len(set(order)) != len(order):
+        raise ValueError('order must name every parameter once')
+    if not order:
+        raise ValueError('order is empty: the model has no parameters')
+    missing = set(unused).difference(order)
+    if missing:
+        raise ValueError('unused names not in order: {}'.format(
+            ', '.join(sorted(missing))))
+
+
+def _starts_by_size(n_layers, chunk_size):
+    """First layer of each chunk of ``chunk_size`` layers."""
+    if (isinstance(chunk_size, bool)
+            or not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError('chunk_size must be a positive int (layers '
+                         'per chunk), not {!r}'.format(chunk_size))
+    return list(range(0, n_layers, chunk_size))
+
+
+def _starts_by_bytes(layers, order, chunk_bytes, nbytes):
+    """First layer of each chunk that fills to at least ``chunk_bytes``."""
+    if (isinstance(chunk_bytes, bool)
+            or not isinstance(chunk_bytes, int) or chunk_bytes < 1):
+        raise ValueError('chunk_bytes must be a positive int, not '
+                         '{!r}'.format(chunk_bytes))
+    if nbytes is None:
+        raise ValueError('chunk_bytes needs nbytes, a mapping of '
+                         'parameter name to bytes')
+    lacking = [n for n in order if n not in nbytes]
+    if lacking:
+        raise ValueError('nbytes lacks {}'.format(', '.join(lacking)))
+    starts = [0]
+    filled = 0
+    for i, (_, names) in enumerate(layers):
+        if filled >= chunk_bytes:
+            starts.append(i)
+            filled = 0
+        filled += sum(nbytes[n] for n in names)
+    return starts
+
+
+def _starts_at_boundaries(n_layers, boundaries):
+    """Chunk 0 at layer 0, then one chunk at each boundary."""
+    starts = [0] + list(boundaries)
+    if any(isinstance(b, bool) or not isinstance(b, int)
+           for b in starts) or any(
+               b <= a for a, b in zip(starts, starts[1:])) or (
+                   starts[-1] >= n_layers):
+        raise ValueError(
+            'boundaries must be strictly increasing layer indices in '
+            '1 .. {} (the model has {} layers), not {!r}'.format(
+                n_layers - 1, n_layers, list(boundaries)))
+    return starts
 
 
 class ChunkReadiness(object):
