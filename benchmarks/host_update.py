@@ -125,7 +125,8 @@ def training_seconds(net, iterations, warmup=2, n_replicas=2, batch=4,
     return statistics.median(times[True]), statistics.median(times[False])
 
 
-def main(argv=None):
+def parse_arguments(argv):
+    """The command line, checked; exits with 2 on bad input."""
     parser = cli.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--net', default='resnet152', type=cli.net_name)
     parser.add_argument('--slots', default=[1, 2, 4], type=int_list)
@@ -145,12 +146,73 @@ def main(argv=None):
                         help='measured CGDP training iterations with Adam '
                         '(0: skip)')
     args = parser.parse_args(argv)
-    backends = args.backends or (['numba', 'numpy'] if
-                                 host_update.numba_available() else ['numpy'])
-    if 'numba' in backends and not host_update.numba_available():
+    args.backends = args.backends or (
+        ['numba', 'numpy'] if host_update.numba_available() else ['numpy'])
+    if 'numba' in args.backends and not host_update.numba_available():
         cli.fail('--backends numba: numba does not import here; '
                  'choose numpy')
+    return args
 
+
+def measure_optimizer(name, args, shapes, threads):
+    """Prints one optimizer's rows (every slot count and path, each beside a
+    copy measured next to it) and returns its verdict lines."""
+    backends = args.backends
+    n = sum(int(numpy.prod(s)) for s in shapes)
+    verdicts = []
+    bench = {}
+    try:
+        bench[backends[0]] = host_update.FusedBench(
+            name, max(args.slots), shapes, n_threads=threads,
+            backend=backends[0])
+        # One set of arrays serves every backend: only the update differs.
+        for backend in backends[1:]:
+            bench[backend] = bench[backends[0]].with_backend(backend)
+        for n_slots in args.slots:
+            times, copies = time_paths(bench, args, n, n_slots)
+            needed = host_update.necessary_bytes(name, n, n_slots)
+            for path, seconds in times.items():
+                rate = needed / seconds
+                print('{:<13} {:>5} {:<8} {:>9.4f} {:>8.2f} {:>9.2f} '
+                      '{:>10.2f}'.format(
+                          name, n_slots, path, seconds, rate / 1e9,
+                          rate / copies[path], copies[path] / 1e9))
+            best = min(backends, key=times.get)
+            if n_slots == 4:
+                verdicts.append(
+                    '{} 4 slots: {} {:.2f} of copy (target >= {})'.format(
+                        name, best, needed / times[best] / copies[best],
+                        COPY_TARGET))
+            if name == 'adam' and 'chainer' in times:
+                verdicts.append(
+                    'adam {} slots: fused ({}) {:.1f}x Chainer (target '
+                    '>= {}x)'.format(n_slots, best,
+                                     times['chainer'] / times[best],
+                                     ADAM_SPEEDUP_TARGET))
+    finally:
+        for b in bench.values():
+            b.close()
+    return verdicts
+
+
+def time_paths(bench, args, n, n_slots):
+    """Best seconds of each path at ``n_slots``, and the copy bandwidth
+    measured just before it: ``(times, copies)`` by path."""
+    times, copies = {}, {}
+    for backend in args.backends:
+        copies[backend] = copy_bandwidth(n, args.repeats)
+        times[backend] = bench[backend].best_seconds(
+            args.repeats, n_slots=n_slots)
+    if not args.no_chainer:
+        b0 = bench[args.backends[0]]
+        copies['chainer'] = copy_bandwidth(n, args.repeats)
+        times['chainer'] = b0.best_seconds(
+            args.repeats, step=b0.chainer_step, n_slots=n_slots)
+    return times, copies
+
+
+def main(argv=None):
+    args = parse_arguments(argv)
     shapes = network_shapes(args.net)
     n = sum(int(numpy.prod(s)) for s in shapes)
     threads = args.threads or os.cpu_count()
@@ -163,47 +225,7 @@ def main(argv=None):
         'copy GB/s'))
     verdicts = []
     for name in args.optimizers:
-        bench = {}
-        try:
-            bench[backends[0]] = host_update.FusedBench(
-                name, max(args.slots), shapes, n_threads=threads,
-                backend=backends[0])
-            # One set of arrays serves every backend: only the update differs.
-            for backend in backends[1:]:
-                bench[backend] = bench[backends[0]].with_backend(backend)
-            for n_slots in args.slots:
-                needed = host_update.necessary_bytes(name, n, n_slots)
-                times, copies = {}, {}
-                for backend in backends:
-                    copies[backend] = copy_bandwidth(n, args.repeats)
-                    times[backend] = bench[backend].best_seconds(
-                        args.repeats, n_slots=n_slots)
-                if not args.no_chainer:
-                    b0 = bench[backends[0]]
-                    copies['chainer'] = copy_bandwidth(n, args.repeats)
-                    times['chainer'] = b0.best_seconds(
-                        args.repeats, step=b0.chainer_step, n_slots=n_slots)
-                for path, seconds in times.items():
-                    rate = needed / seconds
-                    print('{:<13} {:>5} {:<8} {:>9.4f} {:>8.2f} {:>9.2f} '
-                          '{:>10.2f}'.format(
-                              name, n_slots, path, seconds, rate / 1e9,
-                              rate / copies[path], copies[path] / 1e9))
-                best = min(backends, key=times.get)
-                if n_slots == 4:
-                    verdicts.append(
-                        '{} 4 slots: {} {:.2f} of copy (target >= {})'.format(
-                            name, best, needed / times[best] / copies[best],
-                            COPY_TARGET))
-                if name == 'adam' and 'chainer' in times:
-                    verdicts.append(
-                        'adam {} slots: fused ({}) {:.1f}x Chainer (target '
-                        '>= {}x)'.format(n_slots, best,
-                                         times['chainer'] / times[best],
-                                         ADAM_SPEEDUP_TARGET))
-        finally:
-            for b in bench.values():
-                b.close()
+        verdicts += measure_optimizer(name, args, shapes, threads)
     if args.training:
         fused, plain = training_seconds(args.net, args.training)
         verdicts.append(
