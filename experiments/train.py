@@ -93,7 +93,7 @@ def build_model(net, n_classes=1000, seed=0):
 
     Args:
         net (str): A name in ``models.NETWORKS``, or ``module:callable``
-            (:func:`models.build_network`; its classes are its own).
+            (:func:`models.get_model`; its classes are its own).
         n_classes (int): Number of output classes.
         seed (int): Seed of the initial weights.
 
@@ -102,7 +102,7 @@ def build_model(net, n_classes=1000, seed=0):
     """
     import models
     return models.Classifier(
-        models.build_network(net, n_classes=n_classes, seed=seed))
+        models.get_model(net, n_classes=n_classes, seed=seed))
 
 
 def build_optimizer(model, lr=0.01, momentum=0.9):

@@ -22,26 +22,35 @@ _CLASSES = {
 }
 
 __all__ = ['NETWORKS', 'AlexNet', 'Classifier', 'GoogLeNet', 'ResNet152',
-           'VGG16', 'build_network', 'check_image_size', 'check_net_name',
+           'VGG16', 'check_image_size', 'check_net_name',
            'check_network', 'get_model', 'is_custom', 'min_image_size']
 
 
 def get_model(name, n_classes=1000, seed=None):
-    """Builds one of the networks, on the CPU.
+    """Builds the network a ``--net`` value names, on the CPU, without a loss.
 
     Args:
-        name (str): One of :data:`NETWORKS`.
-        n_classes (int): Number of output classes.
+        name (str): One of :data:`NETWORKS`, or ``module:callable`` (see
+            :mod:`models.custom`).
+        n_classes (int): Number of output classes of the four networks; a
+            callable decides its own (:func:`check_network` checks that
+            they agree).
         seed (int or None): Seed of the weight initialization; the same
             seed gives the same parameters. ``None`` draws fresh entropy.
+            For a callable: NumPy's global random state while it runs
+            (:func:`models.custom.build`).
 
     Returns:
-        models.common.StagedNetwork: The network; its ``stages`` follow
+        chainer.Link: The network; the four are
+        :class:`models.common.StagedNetwork`, whose ``stages`` follow
         ``docs/INTERFACES.md``.
 
     Raises:
-        ValueError: ``name`` is not one of :data:`NETWORKS`.
+        ValueError: ``name`` is not one of :data:`NETWORKS`, or a callable
+            that cannot be loaded, raises or returns no Link.
     """
+    if is_custom(name):
+        return custom.build(name, seed=seed)
     if name not in _CLASSES:
         raise ValueError('unknown network {!r}; valid names are {}'.format(
             name, ', '.join(NETWORKS)))
@@ -78,30 +87,6 @@ def check_net_name(net):
             'a function that returns a chainer.Link (e.g. '
             'models.examples:resnet50)'.format(net, ', '.join(NETWORKS)))
     return net
-
-
-def build_network(net, n_classes=1000, seed=None):
-    """The network a ``--net`` value names, on the CPU, without a loss.
-
-    Args:
-        net (str): One of :data:`NETWORKS`, or ``module:callable`` (see
-            :mod:`models.custom`).
-        n_classes (int): Classes of the four networks; a callable decides
-            its own (:func:`check_network` checks that they agree).
-        seed (int or None): Seed of the weights: the four networks' own
-            initializers, or NumPy's global random state while the
-            callable runs (:func:`models.custom.build`).
-
-    Returns:
-        chainer.Link: The predictor.
-
-    Raises:
-        ValueError: Unknown name, or a callable that cannot be loaded,
-            raises or returns no Link.
-    """
-    if is_custom(net):
-        return custom.build(net, seed=seed)
-    return get_model(net, n_classes=n_classes, seed=seed)
 
 
 def check_network(net, n_classes, image_size):
