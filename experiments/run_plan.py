@@ -481,9 +481,9 @@ def make_plan(args, world=None, root=True):
 
     Every check is made here, before any mode runs: the devices, each
     network's image size (a ``module:callable`` is built and probed, see
-    :func:`experiments.cli.check_net`) and chunk size, that something can be measured,
-    and (last, as it creates the results root) that ``--out`` can be
-    written.
+    :func:`experiments.cli.check_net`) and chunk size, that something can
+    be measured, and (last, as it creates the results root) that ``--out``
+    can be written.
 
     Args:
         args (argparse.Namespace): The parsed command line.
