@@ -4,6 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
+# One of the four networks, or module:callable (e.g. models.examples:tiny).
 NET ?= resnet152
 RANKS ?=
 MPIEXEC := $(VENV)/bin/mpiexec
@@ -62,8 +63,11 @@ experiment: $(STAMP)
 plot: $(STAMP)
 	$(PY) -m experiments.plot $(RUN)
 
+# NET only when given (on the command line or in the environment): the
+# default of the other targets would otherwise narrow `make model` to it.
 model: $(STAMP)
-	$(PY) -m experiments.costmodel_predict
+	$(PY) -m experiments.costmodel_predict \
+		$(if $(filter-out undefined default file,$(origin NET)),--net $(NET))
 
 validate-model: $(STAMP)
 	$(PY) -m experiments.validate_model --net $(NET)

@@ -4,7 +4,8 @@ Every script reports bad input the same way: one line ``error: ...`` on
 stderr and exit status 2, no usage dump and no traceback. The argument
 types here check positive integers, device lists (through
 :mod:`cgdp_chainer.devices`, the one place that knows device specifiers),
-network names and chunk sizes, and turn a failed check into such a line.
+network names (or ``module:callable``, see :func:`check_net`) and chunk
+sizes, and turn a failed check into such a line.
 """
 import argparse
 import sys
@@ -181,6 +182,65 @@ def net_name(text):
     return text
 
 
+def net_spec(text):
+    """argparse type: a network name, or ``module:callable`` (any model).
+
+    Only the form is checked here; :func:`check_net` imports, builds and
+    probes a callable once the image size and classes are known.
+
+    Args:
+        text (str): One of ``models.NETWORKS``, or ``module:callable``
+            (see :mod:`models.custom`).
+
+    Returns:
+        str: The value.
+
+    Raises:
+        argparse.ArgumentTypeError: Neither.
+    """
+    import models
+    try:
+        return models.check_net_name(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error))
+
+
+def check_net(net, n_classes, image_size, needs_stages=None):
+    """Fails (exit 2) unless ``--net`` can train on such images.
+
+    The four networks: their minimum image size. ``module:callable``: it
+    imports, the call returns a ``chainer.Link``, and one image of
+    ``image_size`` pixels gives ``n_classes`` scores (a single probe on the
+    CPU, see :func:`models.check_network`).
+
+    Args:
+        net (str): The ``--net`` value.
+        n_classes (int): ``--classes``.
+        image_size (int): The run's image side.
+        needs_stages (str or None): The command, where it still needs the
+            stages of a staged network (docs/INTERFACES.md): a callable
+            whose model has none is refused, naming the command. Issue 18's
+            per-layer cost model removes that need.
+    """
+    import models
+    try:
+        link = models.check_network(net, n_classes, image_size)
+    except ValueError as error:
+        hint = ''
+        if net in models.NETWORKS:  # the image size is all it can be
+            hint = '; pass --image-size {} or more'.format(
+                models.min_image_size(net))
+        fail('{}{}'.format(error, hint))
+    if needs_stages and link is not None and \
+            getattr(link, 'stages', None) is None:
+        fail('--net {}: {} still needs a network\'s stages '
+             '(docs/INTERFACES.md) to profile it, and the {} it returns has '
+             'none; until the cost model profiles any model per layer (issue '
+             '18), use one of {}'.format(net, needs_stages,
+                                         type(link).__name__,
+                                         ', '.join(models.NETWORKS)))
+
+
 def name_list(choices, what, everything=None):
     """argparse type factory: comma-separated names taken from ``choices``.
 
@@ -237,11 +297,15 @@ def chunk_size(text):
 def check_image_size(net, image_size):
     """Fails (exit 2) if ``image_size`` is too small for network ``net``.
 
+    A ``module:callable`` network passes: :func:`check_net` has probed it.
+
     Args:
-        net (str): Network name.
+        net (str): Network name, or ``module:callable``.
         image_size (int): Side of the input images.
     """
     import models
+    if models.is_custom(net):
+        return  # check_net's probe tried that size
     try:
         models.check_image_size(net, image_size)
     except ValueError as error:

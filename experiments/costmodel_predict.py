@@ -1,6 +1,7 @@
 """Predicted iteration times of both baselines and CGDP, in bulk.
 
-``make model`` (``python -m experiments.costmodel_predict``) writes
+``make model`` (``python -m experiments.costmodel_predict``; ``make model
+NET=...``: one network, ``--net``, a name or ``module:callable``) writes
 ``results/costmodel/predictions.csv`` with the columns of
 :data:`COLUMNS`, one row per network, hardware preset, CGDP worker kind
 (``process``, ``thread``), optimizer (``momentum_sgd``, ``adam``), device
@@ -393,11 +394,19 @@ def main(argv=None):
                                 'iteration times for every preset.')
     parser.add_argument('--out', default=OUT_DIR,
                         help='output folder (default {})'.format(OUT_DIR))
-    parser.add_argument('--nets', default=None, type=net_list,
+    chosen = parser.add_mutually_exclusive_group()
+    chosen.add_argument('--net', default=None, type=cli.net_spec,
+                        help='one network: a name or module:callable, a '
+                             'function that returns a chainer.Link giving '
+                             'class scores (e.g. models.examples:resnet50)')
+    chosen.add_argument('--nets', default=None, type=net_list,
                         help='comma-separated networks (default: all four)')
     args = parser.parse_args(argv)
     import models
-    nets = args.nets or list(models.NETWORKS)
+    if args.net is not None:
+        cli.check_net(args.net, 1000, IMAGE_SIZE,
+                      needs_stages='experiments.costmodel_predict')
+    nets = [args.net] if args.net else args.nets or list(models.NETWORKS)
     cli.check_output_folder('--out', args.out)
     start = time.perf_counter()
     os.makedirs(args.out, exist_ok=True)

@@ -38,7 +38,9 @@ def build_parser():
         prog='python -m experiments.profile',
         description='Measure per-stage times, copy bandwidth and host '
                     'accumulator costs of a network for the cost model.')
-    parser.add_argument('--net', required=True, type=cli.net_name)
+    parser.add_argument('--net', required=True, type=cli.net_spec,
+                        help='one of the four networks, or module:callable '
+                             '(see models.custom)')
     parser.add_argument('--device', default=['@numpy'],
                         type=cli.single_device,
                         help="'@numpy' or '@cupy:N' (default @numpy)")
@@ -69,7 +71,8 @@ def parse_args(argv=None):
         (the default one if none was given).
     """
     args = build_parser().parse_args(argv)
-    cli.check_image_size(args.net, args.image_size)
+    cli.check_net(args.net, args.classes, args.image_size,
+                  needs_stages='experiments.profile')
     if args.out is None:
         args.out = default_path(args.net, args.device[0], args.batch,
                                 args.image_size)

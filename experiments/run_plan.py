@@ -76,6 +76,16 @@ CPU_DEFAULTS = {
     'resnet152': Settings(image_size=64, batch=4, iterations=20, warmup=3),
 }
 
+# A module:callable network (models.custom): the GPU settings of the four;
+# on CPU replicas ResNet-152's, whose time is not estimated for such a
+# model (its cost is unknown before it runs).
+ANY_NET_DEFAULTS = {'gpu': Settings(image_size=224, batch=32, iterations=50,
+                                    warmup=10),
+                    'cpu': CPU_DEFAULTS['resnet152']}
+# Seconds per image that weigh a module:callable network's progress-bar
+# steps (one network per run, so only the ratios between its steps count).
+ANY_NET_SECONDS_PER_IMAGE_64PX = 0.1
+
 NetPlan = collections.namedtuple('NetPlan', ('net', 'settings', 'reason'))
 NetPlan.__doc__ = """One network's part of a run.
 
@@ -127,7 +137,7 @@ def device_counts(text):
 
 
 def net_or_all(text):
-    """argparse type: a network name, or ``all``.
+    """argparse type: a network name, ``module:callable``, or ``all``.
 
     Args:
         text (str): The argument as typed.
@@ -135,7 +145,7 @@ def net_or_all(text):
     if text == ALL:
         return text
     try:
-        return cli.net_name(text)
+        return cli.net_spec(text)
     except argparse.ArgumentTypeError as error:
         raise argparse.ArgumentTypeError('{} (or {})'.format(error, ALL))
 
@@ -273,7 +283,7 @@ def settings_for(net, kind, args):
     Returns:
         tuple: ``(Settings, image_size_reason)``.
     """
-    defaults = (GPU_DEFAULTS if kind == 'gpu' else CPU_DEFAULTS)[net]
+    defaults = defaults_for(net, kind)
     settings = Settings(
         image_size=args.image_size or defaults.image_size,
         batch=args.batch or defaults.batch,
@@ -284,6 +294,9 @@ def settings_for(net, kind, args):
     elif kind == 'gpu':
         reason = ('default on GPUs: 224 px, the ImageNet size of the '
                   'paper\'s experiments')
+    elif models.is_custom(net):
+        reason = ('default on CPU replicas for a module:callable model: {} '
+                  'px, as for the four networks'.format(defaults.image_size))
     else:
         reason = ('default on CPU replicas: {} px instead of the paper\'s '
                   '224 px (about {:.0f}x less work per image), so that the '
@@ -293,6 +306,22 @@ def settings_for(net, kind, args):
                       CPU_BUDGET_SECONDS / 60.0,
                       models.min_image_size(net))
     return settings, reason
+
+
+def defaults_for(net, kind):
+    """The default settings of a network's run.
+
+    Args:
+        net (str): A name in ``models.NETWORKS`` or ``module:callable``.
+        kind (str): ``'gpu'`` or ``'cpu'``.
+
+    Returns:
+        Settings: From :data:`GPU_DEFAULTS` or :data:`CPU_DEFAULTS`, or
+        :data:`ANY_NET_DEFAULTS` for a ``module:callable``.
+    """
+    if models.is_custom(net):
+        return ANY_NET_DEFAULTS[kind]
+    return (GPU_DEFAULTS if kind == 'gpu' else CPU_DEFAULTS)[net]
 
 
 def estimate_seconds(net, settings, counts, modes, kind, world=None):
@@ -313,9 +342,10 @@ def estimate_seconds(net, settings, counts, modes, kind, world=None):
         world (World or None): The MPI ranks; None in a single process.
 
     Returns:
-        float or None: Seconds, or None on GPUs (not estimated).
+        float or None: Seconds, or None on GPUs and for a
+        ``module:callable`` (not estimated).
     """
-    if kind != 'cpu':
+    if kind != 'cpu' or models.is_custom(net):
         return None
     per_image = (CPU_SECONDS_PER_IMAGE_64PX[net]
                  * (settings.image_size / 64.0) ** 2
@@ -342,7 +372,8 @@ def iteration_cost(net, settings, count, kind):
         count (int): Replicas.
         kind (str): ``'gpu'`` or ``'cpu'``.
     """
-    cost = (CPU_SECONDS_PER_IMAGE_64PX[net] * settings.batch
+    cost = (CPU_SECONDS_PER_IMAGE_64PX.get(
+        net, ANY_NET_SECONDS_PER_IMAGE_64PX) * settings.batch
             * (settings.image_size / 64.0) ** 2)
     # On the CPU the replicas share the cores, so N replicas take N times
     # as long; GPUs run side by side.
@@ -449,9 +480,10 @@ def make_plan(args, world=None, root=True):
     """The checked plan of a run; bad input ends it with status 2.
 
     Every check is made here, before any mode runs: the devices, each
-    network's image size and chunk size, that something can be measured,
-    and (last, as it creates the results root) that ``--out`` can be
-    written.
+    network's image size (a ``module:callable`` is built and probed, see
+    :func:`experiments.cli.check_net`) and chunk size, that something can
+    be measured, and (last, as it creates the results root) that ``--out``
+    can be written.
 
     Args:
         args (argparse.Namespace): The parsed command line.
@@ -469,11 +501,7 @@ def make_plan(args, world=None, root=True):
     nets = []
     for net in names:
         settings, reason = settings_for(net, kind, args)
-        try:
-            models.check_image_size(net, settings.image_size)
-        except ValueError as error:
-            cli.fail('{}; pass --image-size {} or more'.format(
-                error, models.min_image_size(net)))
+        cli.check_net(net, args.classes, settings.image_size)
         if 'cgdp' in runnable_modes(kind, counts, modes, world):
             check_chunk_size(net, args.chunk_size)
         nets.append(NetPlan(net, settings, reason))

@@ -1,10 +1,13 @@
-"""Trains one of the reference networks with a chosen data parallel updater.
+"""Trains a network with a chosen data parallel updater.
 
 Example::
 
     python -m experiments.train --net resnet152 --updater cgdp \\
         --devices @numpy,@numpy --batchsize 8 --image-size 64 \\
         --iterations 20 --out result
+
+``--net`` is one of the four reference networks or ``module:callable``,
+any model (see :mod:`models.custom`), e.g. ``--net models.examples:tiny``.
 
 Runs on Chainer's :class:`~chainer.training.Trainer` with a log, a printed
 report, a progress bar and snapshots (``snapshot_iter_N`` every
@@ -89,7 +92,8 @@ def build_model(net, n_classes=1000, seed=0):
     """The network ``net`` with fixed initial weights, wrapped for training.
 
     Args:
-        net (str): A name in ``models.NETWORKS``.
+        net (str): A name in ``models.NETWORKS``, or ``module:callable``
+            (:func:`models.get_model`; its classes are its own).
         n_classes (int): Number of output classes.
         seed (int): Seed of the initial weights.
 
@@ -379,12 +383,14 @@ def build_parser():
     """The command-line parser of this script."""
     parser = cli.ArgumentParser(
         prog='python -m experiments.train',
-        description='Train a reference network with the standard, parallel '
+        description='Train a network with the standard, parallel '
                     'or CGDP updater; under mpiexec with CGDP or ChainerMN '
                     'across the ranks.')
-    parser.add_argument('--net', required=True, type=cli.net_name,
-                        help='network: alexnet, googlenet, vgg16, resnet152 '
-                             '(see models.NETWORKS)')
+    parser.add_argument('--net', required=True, type=cli.net_spec,
+                        help='network: alexnet, googlenet, vgg16, resnet152, '
+                             'or module:callable, a function that returns a '
+                             'chainer.Link giving class scores (e.g. '
+                             'models.examples:resnet50)')
     parser.add_argument('--updater', choices=UPDATERS, default='standard',
                         help='standard: one device; parallel: Chainer\'s '
                              'ParallelUpdater; cgdp: CGDPUpdater (across '
@@ -469,7 +475,6 @@ def parse_args(argv=None):
     args = build_parser().parse_args(argv)
     if args.devices is None:
         args.devices = ['@numpy']
-    cli.check_image_size(args.net, args.image_size)
     n_devices = len(args.devices)
     if args.batchsize < n_devices:
         cli.fail('--batchsize {} is smaller than the number of devices ({}); '
@@ -498,6 +503,8 @@ def parse_args(argv=None):
             args.momentum))
     if args.train_list is None and args.root != '.':
         cli.fail('--root applies only with --train-list')
+    # After the cheap checks: a module:callable model is built and probed.
+    cli.check_net(args.net, args.classes, args.image_size)
     args.resume_iteration = None
     if args.resume is not None:
         args.resume_iteration = snapshot_iteration(args.resume)

@@ -229,7 +229,7 @@ def main(argv=None):
     from experiments import weak_scaling
     parser = cli.ArgumentParser(description='Compare the cost model with '
                                 'weak-scaling measurements on this CPU.')
-    parser.add_argument('--net', required=True, type=cli.net_name)
+    parser.add_argument('--net', required=True, type=cli.net_spec)
     parser.add_argument('--results', default='results',
                         help='results root to search for summary.csv')
     parser.add_argument('--summary', default=None,
@@ -263,6 +263,8 @@ def main(argv=None):
                         help='table CSV (default results/costmodel/'
                              'validation_<net>.csv)')
     args = parser.parse_args(argv)
+    cli.check_net(args.net, 1000, args.image_size or weak_scaling.defaults_for(
+        args.net, 'cpu').image_size, needs_stages='experiments.validate_model')
     out = args.out or os.path.join(OUT_DIR, 'validation_{}.csv'.format(
         args.net))
     # Every path is checked before the first measurement.
@@ -276,7 +278,7 @@ def main(argv=None):
                  'combined with --latest or --measure')
     start = time.perf_counter()
     load_start = results.load_average()
-    defaults = weak_scaling.CPU_DEFAULTS[args.net]
+    defaults = weak_scaling.defaults_for(args.net, 'cpu')
     workers = cgdp_workers()
 
     summary_path = args.summary

@@ -28,7 +28,9 @@ The results go to ``ROOT/<net>/<run-id>/`` (``ROOT`` defaults to
 (written row by row), ``summary.csv``, ``timeline.csv`` (one measured CGDP
 iteration at the largest N), ``env.json`` and the figures of
 :mod:`experiments.plot`. ``--net all`` runs the four networks and adds
-``ROOT/all/<run-id>/efficiency_all.png``.
+``ROOT/all/<run-id>/efficiency_all.png``. ``--net module:callable`` runs
+any model (see :mod:`models.custom`; e.g. ``models.examples:resnet50``),
+into ``ROOT/<module:callable>/<run-id>/``.
 
 Ctrl-C (SIGINT) or SIGTERM stops the run after writing what finished; the
 figures are drawn from that, the summary is printed, and the exit status
@@ -101,6 +103,7 @@ from experiments.run_plan import CPU_DEFAULTS  # NOQA: F401
 from experiments.run_plan import DEFAULT_OUT
 from experiments.run_plan import GPU_DEFAULTS  # NOQA: F401
 from experiments.run_plan import Settings  # NOQA: F401
+from experiments.run_plan import defaults_for  # NOQA: F401
 from experiments.run_plan import device_counts
 from experiments.run_plan import device_specs_for
 from experiments.run_plan import net_or_all
@@ -652,8 +655,10 @@ def build_parser():
         epilog='Ctrl-C (SIGINT) or SIGTERM stops the run, keeps what '
                'finished and exits with 130 or 143.')
     parser.add_argument('--net', required=True, type=net_or_all,
-                        help='one of {} or {}'.format(
-                            ', '.join(models.NETWORKS), ALL))
+                        help='one of {}, {}, or module:callable: a function '
+                             'that returns a chainer.Link giving class '
+                             'scores (e.g. models.examples:resnet50)'.format(
+                                 ', '.join(models.NETWORKS), ALL))
     parser.add_argument('--devices', type=device_counts, default=None,
                         help='device counts N (per rank under MPI), e.g. '
                              '1,2,4 (default: 1,2,4, limited to the GPUs '

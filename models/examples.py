@@ -1,0 +1,81 @@
+"""Example models for ``--net module:callable`` (see :mod:`models.custom`).
+
+Each function takes no arguments and returns a :class:`chainer.Link` that
+maps an image batch ``(N, 3, S, S)`` to the scores of 1000 classes (the
+commands' default ``--classes``)::
+
+    make experiment NET=models.examples:resnet50
+    python -m experiments.train --net models.examples:tiny --image-size 32
+
+- :func:`resnet50`: Chainer's own ``L.ResNet50Layers``, untrained (built
+  without downloading weights), ending in its 1000-way ``fc6``.
+- :func:`tiny`: two small convolutions, a batch normalization and a linear
+  layer, for quick tests and trials (any image side from 8 pixels).
+"""
+import chainer
+import chainer.functions as F
+import chainer.links as L
+
+CLASSES = 1000
+
+
+class ResNet50Scores(chainer.Chain):
+    """``L.ResNet50Layers(pretrained_model=None)``, returning the scores of
+    its ``fc6`` layer (global average pooling makes it take any image side
+    from 32 pixels)."""
+
+    def __init__(self):
+        super(ResNet50Scores, self).__init__()
+        with self.init_scope():
+            self.net = L.ResNet50Layers(pretrained_model=None)
+
+    def forward(self, x):
+        """Class scores of an image batch.
+
+        Args:
+            x (chainer.Variable or array): Shape (N, 3, S, S).
+
+        Returns:
+            chainer.Variable: Shape (N, 1000).
+        """
+        return self.net(x, layers=['fc6'])['fc6']
+
+
+class Tiny(chainer.Chain):
+    """Two strided convolutions (the first batch-normalized), global
+    average pooling and a linear layer.
+
+    Args:
+        n_classes (int): Scores per image.
+    """
+
+    def __init__(self, n_classes=CLASSES):
+        super(Tiny, self).__init__()
+        with self.init_scope():
+            self.conv1 = L.Convolution2D(3, 8, 3, stride=2, pad=1)
+            self.norm1 = L.BatchNormalization(8)
+            self.conv2 = L.Convolution2D(8, 16, 3, stride=2, pad=1)
+            self.fc = L.Linear(16, n_classes)
+
+    def forward(self, x):
+        """Class scores of an image batch.
+
+        Args:
+            x (chainer.Variable or array): Shape (N, 3, S, S).
+
+        Returns:
+            chainer.Variable: Shape (N, n_classes).
+        """
+        h = F.relu(self.norm1(self.conv1(x)))
+        h = F.relu(self.conv2(h))
+        return self.fc(F.mean(h, axis=(2, 3)))
+
+
+def resnet50():
+    """Chainer's ResNet-50, untrained, giving 1000 class scores."""
+    return ResNet50Scores()
+
+
+def tiny():
+    """A tiny convolutional network giving 1000 class scores."""
+    return Tiny()
