@@ -383,8 +383,24 @@ class CGDPUpdater(standard_updater.StandardUpdater):
 
     def update_core(self):
         if self._closed:
+            error = self._failures.error
             raise RuntimeError(
-                'this CGDPUpdater was finalized or stopped after an error')
+                'this CGDPUpdater was finalized or stopped after an error{}; '
+                'build a new one to train on'.format(
+                    '' if error is None else ' ({}: {})'.format(
+                        type(error).__name__, _last_line(error))))
+        try:
+            self._iterate()
+        except BaseException as error:
+            # Whatever failed (the converter, a hand-over, a worker, Ctrl-C
+            # while waiting), the workers end and the shared memory is
+            # freed now: a script that catches the error and exits without
+            # finalize() neither hangs nor leaks.
+            self._failures.fail(error, 'caller')
+            self._stop_replicas()
+            raise
+
+    def _iterate(self):
         iterator = self.get_iterator('main')
         batch = iterator.next()
         n = len(self._devices)
@@ -421,15 +437,9 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             persistents=refresh, config=config) for i in range(n)]
         self._accumulator.start_iteration(self.iteration, shares)
         search_start = time.perf_counter()
-        try:
-            results = self._replicas.run(jobs, inputs)
-            if not self._failures.failed:
-                self._accumulator.wait()
-        except BaseException as interruption:  # Ctrl-C while waiting
-            # Every thread and worker stops at its next check; the caller
-            # gets the interruption and finalize() ends them.
-            self._failures.fail(interruption, 'caller')
-            raise
+        results = self._replicas.run(jobs, inputs)
+        if not self._failures.failed:
+            self._accumulator.wait()
         seconds = time.perf_counter() - search_start
         sync_end = timeline.now() if timeline is not None else None
         if self._failures.failed:
@@ -573,7 +583,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         reporter.add_observers('main', replica.namedlinks(skipself=True))
         with reporter.scope({}):
             size = self._chooser(
-                replica, device, device.send(sample_inputs),
+                replica, device,
+                worker_module.send_inputs(device, sample_inputs),
                 len(self._devices), self.loss_func,
                 self._host_threads, self.workers,
                 optimizer=self.get_optimizer('main'))
@@ -631,6 +642,13 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self._accumulator.close()
         if self._allreducer is not None:
             self._allreducer.close()
+
+
+def _last_line(error):
+    """The last line of an error's message (a worker's error carries its
+    traceback, whose last line names the exception)."""
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ''
 
 
 def _check_arguments(devices, reduction, timeline, blas_threads,
