@@ -277,3 +277,15 @@ def test_a_script_that_catches_an_update_error_exits_cleanly(
     workers = [int(p) for p in (tmp_path / 'pids').read_text().split()]
     assert len(workers) == 2
     assert not any(_alive(pid) for pid in workers)
+
+
+@pytest.mark.slow
+def test_a_script_that_never_finalizes_exits_cleanly(tmp_path):
+    result = _run_script(tmp_path, _FAILING_SCRIPT.replace(
+        '{fault!r}', repr('none')), timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert 'caught' not in result.stdout
+    assert 'children left 2' in result.stdout
+    assert 'leaked' not in result.stderr, result.stderr
+    workers = [int(p) for p in (tmp_path / 'pids').read_text().split()]
+    assert not any(_alive(pid) for pid in workers)
