@@ -17,7 +17,9 @@ from cgdp_chainer.runtime import worker as worker_module
 
 from equivalence import WORKERS, assert_same_params
 import nlp_models
+import staged_models
 from test_process_workers import _alive, _run_script
+from test_updater import _interrupt_soon
 
 Pair = collections.namedtuple('Pair', ('source', 'target'))
 
@@ -117,7 +119,8 @@ def test_a_value_that_cannot_be_pickled_is_named():
     assert 'lock' in str(info.value)
 
 
-def _train(model, converter, data, make_updater, iterations=3, batch=6):
+def _train(model, converter, data, make_updater, iterations=3, batch=6,
+           use_cudnn='auto'):
     """Trains with dropout off (``train=False`` in the caller reaches every
     replica) and returns the parameters."""
     optimizer = chainer.optimizers.MomentumSGD(lr=0.1, momentum=0.9)
@@ -125,7 +128,8 @@ def _train(model, converter, data, make_updater, iterations=3, batch=6):
     iterator = chainer.iterators.SerialIterator(data, batch, shuffle=False)
     updater = make_updater(iterator, optimizer, converter)
     try:
-        with chainer.using_config('train', False):
+        with chainer.using_config('train', False), \
+                chainer.using_config('use_cudnn', use_cudnn):
             for _ in range(iterations):
                 updater.update()
     finally:
@@ -137,10 +141,10 @@ def _standard(iterator, optimizer, converter):
     return updaters.StandardUpdater(iterator, optimizer, converter=converter)
 
 
-def _cgdp(workers):
+def _cgdp(workers, devices=('@numpy', '@numpy')):
     def make(iterator, optimizer, converter):
         return cgdp_chainer.CGDPUpdater(
-            iterator, optimizer, ['@numpy'] * 2, converter=converter,
+            iterator, optimizer, list(devices), converter=converter,
             reduction='mean', chunk_size=1, workers=workers)
     return make
 
@@ -155,6 +159,24 @@ def test_seq2seq_shaped_model_with_a_dict_of_ragged_lists(workers):
     actual = _train(model, nlp_models.convert_pairs, data, _cgdp(workers))
     assert all(not numpy.allclose(initial[k], expected[k]) for k in initial)
     assert_same_params(expected, actual, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize('workers', WORKERS)
+def test_seq2seq_shaped_model_on_gpus(workers):
+    from cgdp_chainer import devices
+    gpus = ['@cupy:{}'.format(i) for i in range(min(2, devices.gpu_count()))]
+    data = nlp_models.sentence_pairs()
+    model = nlp_models.TinySeq2seq()
+    expected = _train(copy.deepcopy(model), nlp_models.convert_pairs,
+                      data, _standard)
+    # cuDNN has no backward for an RNN run with train=False: its replicas
+    # use Chainer's own NStepLSTM kernels (the setting reaches them too).
+    actual = _train(model, nlp_models.convert_pairs, data,
+                    _cgdp(workers, gpus), use_cudnn='never')
+    actual = {name: chainer.backends.cuda.to_cpu(a)
+              for name, a in actual.items()}
+    assert_same_params(expected, actual, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize('workers', WORKERS)
@@ -201,6 +223,32 @@ def test_a_converter_error_stops_the_workers_and_closes_the_updater(
     finally:
         updater.finalize()
     assert updater.iteration == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('workers', WORKERS)
+def test_ctrl_c_while_waiting_stops_the_workers_without_finalize(workers):
+    before = threading.active_count()
+    optimizer = chainer.optimizers.SGD()
+    optimizer.setup(chainer.links.Classifier(
+        staged_models.SlowLaterMLP(seconds=3.0)))
+    iterator = chainer.iterators.SerialIterator(staged_models.dataset(), 4)
+    updater = cgdp_chainer.CGDPUpdater(iterator, optimizer, ['@numpy'] * 2,
+                                       workers=workers)
+    try:
+        updater.update()  # quick; the next one lasts seconds
+        timer = _interrupt_soon(0.5)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                updater.update()
+        finally:
+            timer.cancel()
+        assert multiprocessing.active_children() == []
+        assert threading.active_count() == before
+        with pytest.raises(RuntimeError, match=r'\(KeyboardInterrupt'):
+            updater.update()
+    finally:
+        updater.finalize()
 
 
 # A script that trains one iteration, writes its workers' pids, makes the
@@ -261,18 +309,22 @@ _FAILING_SCRIPT = '''
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('fault,error', [
-    ('converter', 'ValueError'), ('unpicklable', 'ValueError'),
-    ('worker', 'ReplicaError')])
+@pytest.mark.parametrize('fault,error,reason', [
+    ('converter', 'ValueError', 'injected converter failure'),
+    ('unpicklable', 'ValueError', "cannot pickle '_thread.lock'"),
+    ('worker', 'ReplicaError', 'RuntimeError: injected replica failure')])
 def test_a_script_that_catches_an_update_error_exits_cleanly(
-        tmp_path, fault, error):
+        tmp_path, fault, error, reason):
     # subprocess.run's timeout is a hang guard, not a timing assertion.
     result = _run_script(tmp_path, _FAILING_SCRIPT.replace(
         '{fault!r}', repr(fault)), timeout=120)
     assert result.returncode == 0, result.stderr
     assert 'caught {}'.format(error) in result.stdout
     assert 'children left 0' in result.stdout
-    assert 'stopped after an error' in result.stdout
+    then = [line for line in result.stdout.splitlines()
+            if line.startswith('then ')]
+    assert len(then) == 1 and 'stopped after an error' in then[0]
+    assert reason in then[0]
     assert 'leaked' not in result.stderr, result.stderr
     workers = [int(p) for p in (tmp_path / 'pids').read_text().split()]
     assert len(workers) == 2

@@ -387,8 +387,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             raise RuntimeError(
                 'this CGDPUpdater was finalized or stopped after an error{}; '
                 'build a new one to train on'.format(
-                    '' if error is None else ' ({}: {})'.format(
-                        type(error).__name__, _last_line(error))))
+                    '' if error is None else ' ({})'.format(
+                        _describe_error(error))))
         try:
             self._iterate()
         except BaseException as error:
@@ -644,11 +644,13 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self._allreducer.close()
 
 
-def _last_line(error):
-    """The last line of an error's message (a worker's error carries its
-    traceback, whose last line names the exception)."""
+def _describe_error(error):
+    """An error's type and the last line of its message (a worker's error
+    carries its traceback, whose last line names the exception)."""
     lines = [line for line in str(error).splitlines() if line.strip()]
-    return lines[-1].strip() if lines else ''
+    if not lines:
+        return type(error).__name__
+    return '{}: {}'.format(type(error).__name__, lines[-1].strip())
 
 
 def _check_arguments(devices, reduction, timeline, blas_threads,
