@@ -102,7 +102,9 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     the workers import the script's module. ``workers='thread'`` runs the
     replicas as threads of this process instead (they then share the
     interpreter lock). Worker processes start at the first ``update()``
-    and stay until :meth:`finalize`. ``'@numpy'`` replicas read the
+    and stay until :meth:`finalize`, or until an error in ``update()``
+    (in a worker or in this process), which stops them at once and closes
+    the updater. ``'@numpy'`` replicas read the
     master's arrays; each gets ``blas_threads`` BLAS threads, since replicas
     that all use every core slow each other down.
 
@@ -138,7 +140,10 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             ``ParallelUpdater``.
         converter: Converter for each device's share of the batch; it is
             called in this process with the CPU device, and the arrays are
-            sent to the replica's device there.
+            sent to the replica's device there. It may return arrays and
+            tuples, lists and dicts of them nested at any depth (lists of
+            arrays of different lengths, as Chainer's NLP examples), with
+            numbers and None among them; the model gets the same containers.
         loss_func (callable): ``loss_func(*in_arrays)`` returns the loss,
             as in ``StandardUpdater``; by default the target itself.
         timeline (cgdp_chainer.Timeline): Records every event if given.
