@@ -7,6 +7,7 @@ processes map the segment by name without registering it with a resource
 tracker of their own: only its creator may remove it.
 """
 import collections
+import math
 import mmap
 import os
 import pickle
@@ -48,7 +49,7 @@ def plan_layout(specs):
     offset = 0
     for name, shape, dtype in specs:
         dtype = numpy.dtype(dtype)
-        n_bytes = int(numpy.prod(shape, dtype=numpy.int64)) * dtype.itemsize
+        n_bytes = math.prod(shape) * dtype.itemsize
         offset = _aligned(offset, n_bytes)
         entries.append((name, tuple(shape), dtype.str, offset))
         offset += n_bytes
@@ -68,7 +69,7 @@ class SharedArena(object):
         self._closer = closer
         self.arrays = collections.OrderedDict()
         for name, shape, dtype, offset in layout.entries:
-            count = int(numpy.prod(shape, dtype=numpy.int64))
+            count = math.prod(shape)
             self.arrays[name] = numpy.frombuffer(
                 buffer, dtype=numpy.dtype(dtype), count=count,
                 offset=offset).reshape(shape)
@@ -208,7 +209,7 @@ class BatchReader(object):
             self._name = name
         flat = []
         for _, shape, dtype, offset in entries:
-            count = int(numpy.prod(shape, dtype=numpy.int64))
+            count = math.prod(shape)
             view = numpy.frombuffer(self._mapped, dtype=numpy.dtype(dtype),
                                     count=count, offset=offset)
             flat.append(view.reshape(shape).copy())
