@@ -18,6 +18,7 @@ iteration's jobs and hand back each replica's
 Either way the code that runs a replica is
 :class:`~cgdp_chainer.runtime.worker.ReplicaWorker`.
 """
+import atexit
 import copy
 import io
 import multiprocessing
@@ -257,6 +258,7 @@ class ProcessReplicas(object):
         self._iteration = None
         self._deliver = None
         self._pongs = {}
+        self._closed = False
         self.startup_seconds = None
 
     # -- start-up ---------------------------------------------------------
@@ -297,6 +299,11 @@ class ProcessReplicas(object):
             child_end.close()
             self._conns[index] = parent_end
             self._processes.append(process)
+        # A script that ends without finalize() (after catching an error,
+        # say) must not hang in multiprocessing's exit handler, which joins
+        # the workers, and must not leave its segments behind: this runs
+        # before that handler (exit handlers run last registered first).
+        atexit.register(self.close)
         for index in range(len(self.devices)):
             self._await_ready(index, started)
         self.startup_seconds = time.perf_counter() - started
@@ -348,12 +355,15 @@ class ProcessReplicas(object):
         Returns:
             list of IterationResult, or None if something failed.
         """
+        # Every sub-batch is handed over before any job is sent: one that
+        # cannot be raises here, with no worker started on the iteration.
+        descriptions = [batch.write(in_arrays)
+                        for batch, in_arrays in zip(self._batches, inputs)]
         with self._cond:
             self._results = [None] * len(jobs)
             self._pending = len(jobs)
             self._iteration = jobs[0].iteration
-        for index, (job, in_arrays) in enumerate(zip(jobs, inputs)):
-            description = self._batches[index].write(in_arrays)
+        for index, (job, description) in enumerate(zip(jobs, descriptions)):
             self._send(index, ('run', job, description))
         with self._cond:
             while self._pending > 0 and not self.failures.failed:
@@ -465,7 +475,12 @@ class ProcessReplicas(object):
 
     def close(self):
         """Stops every worker process (killing any that does not leave),
-        frees the shared memory and gives the master its arrays back."""
+        frees the shared memory and gives the master its arrays back.
+        Closing again does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
         self._stopping.set()
         self._broadcast(('stop',))
         # After a failure or Ctrl-C, workers hold nothing worth waiting for.

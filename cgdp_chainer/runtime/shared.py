@@ -7,8 +7,10 @@ processes map the segment by name without registering it with a resource
 tracker of their own: only its creator may remove it.
 """
 import collections
+import math
 import mmap
 import os
+import pickle
 from multiprocessing import shared_memory
 
 import numpy
@@ -47,7 +49,7 @@ def plan_layout(specs):
     offset = 0
     for name, shape, dtype in specs:
         dtype = numpy.dtype(dtype)
-        n_bytes = int(numpy.prod(shape, dtype=numpy.int64)) * dtype.itemsize
+        n_bytes = math.prod(shape) * dtype.itemsize
         offset = _aligned(offset, n_bytes)
         entries.append((name, tuple(shape), dtype.str, offset))
         offset += n_bytes
@@ -67,7 +69,7 @@ class SharedArena(object):
         self._closer = closer
         self.arrays = collections.OrderedDict()
         for name, shape, dtype, offset in layout.entries:
-            count = int(numpy.prod(shape, dtype=numpy.int64))
+            count = math.prod(shape)
             self.arrays[name] = numpy.frombuffer(
                 buffer, dtype=numpy.dtype(dtype), count=count,
                 offset=offset).reshape(shape)
@@ -135,20 +137,34 @@ class BatchBuffer(object):
 
     The user's process writes the converted sub-batch (:meth:`write`) and
     sends the returned description; the worker reads it back with
-    :func:`read_batch`. Inputs never go through a pipe as pickles.
+    :class:`BatchReader`. Arrays never go through a pipe as pickles: only
+    the structure around them (see :func:`flatten_inputs`) does.
     """
 
     def __init__(self):
         self._segment = None
 
     def write(self, in_arrays):
-        """Copies ``in_arrays`` (an array, a tuple of arrays or a dict of
-        them) into the segment.
+        """Copies the arrays of ``in_arrays`` (whatever a converter returns,
+        see :func:`flatten_inputs`) into the segment.
 
         Returns:
-            tuple: ``(segment name, size, structure, entries)``, picklable.
+            tuple: ``(segment name, size, pickled structure, entries)``.
+
+        Raises:
+            ValueError: Something in ``in_arrays`` cannot be pickled, so it
+                cannot reach a worker process.
         """
-        structure, flat = _flatten_inputs(in_arrays)
+        structure, flat = flatten_inputs(in_arrays)
+        try:
+            structure = pickle.dumps(structure, pickle.HIGHEST_PROTOCOL)
+        except Exception as error:
+            raise ValueError(
+                "the converter returned something that cannot be handed to "
+                "workers='process' ({}: {}); return arrays, numbers, None, "
+                "and tuples, lists and dicts of them, or pass "
+                "workers='thread'".format(type(error).__name__,
+                                          error)) from error
         entries, size = plan_layout(
             [(str(i), a.shape, a.dtype) for i, a in enumerate(flat)])
         if self._segment is None or self._segment.size < size:
@@ -179,6 +195,8 @@ class BatchReader(object):
         self._mapped = None
 
     def read(self, description):
+        """The sub-batch written by :meth:`BatchBuffer.write`, in the
+        containers it had there."""
         name, size, structure, entries = description
         if name != self._name:
             self.close()
@@ -191,12 +209,12 @@ class BatchReader(object):
             self._name = name
         flat = []
         for _, shape, dtype, offset in entries:
-            count = int(numpy.prod(shape, dtype=numpy.int64))
+            count = math.prod(shape)
             view = numpy.frombuffer(self._mapped, dtype=numpy.dtype(dtype),
                                     count=count, offset=offset)
             flat.append(view.reshape(shape).copy())
             del view
-        return _unflatten_inputs(structure, flat)
+        return unflatten_inputs(pickle.loads(structure), flat)
 
     def close(self):
         if self._mapped is not None:
@@ -205,19 +223,109 @@ class BatchReader(object):
             self._name = None
 
 
-def _flatten_inputs(in_arrays):
-    if isinstance(in_arrays, tuple):
-        return ('tuple', len(in_arrays)), [numpy.asarray(a) for a in in_arrays]
-    if isinstance(in_arrays, dict):
-        keys = list(in_arrays)
-        return ('dict', keys), [numpy.asarray(in_arrays[k]) for k in keys]
-    return ('array', None), [numpy.asarray(in_arrays)]
+# -- the structure of a converter's output ----------------------------------
+#
+# A converter returns an array, or containers of arrays nested in any way:
+# a tuple or dict of arrays (concat_examples), a dict of lists of arrays of
+# different lengths (Chainer's NLP examples), with numbers or None among
+# them. The same rule, here only, says what is a container (rebuilt with its
+# own type), what is an array (handed over through shared memory, or sent to
+# a replica's device) and what is any other value (kept as it is).
 
 
-def _unflatten_inputs(structure, flat):
-    kind, detail = structure
-    if kind == 'tuple':
-        return tuple(flat)
-    if kind == 'dict':
-        return dict(zip(detail, flat))
-    return flat[0]
+def _is_array(value):
+    # Object arrays hold Python objects: they are values, not memory.
+    return type(value) is numpy.ndarray and not value.dtype.hasobject
+
+
+def _sequence_type(value):
+    """The type to rebuild a sequence with, or None if it is not one."""
+    kind = type(value)
+    if kind is tuple or kind is list:
+        return kind
+    if isinstance(value, tuple) and hasattr(kind, '_fields'):
+        return kind  # a namedtuple
+    return None
+
+
+def _mapping_type(value):
+    kind = type(value)
+    return kind if kind is dict or kind is collections.OrderedDict else None
+
+
+def flatten_inputs(in_arrays):
+    """Splits a converter's output into its arrays and a description of
+    everything around them.
+
+    Tuples, lists, dicts, ``OrderedDict`` objects and namedtuples are walked
+    into, at any depth; NumPy arrays (not of ``object`` dtype) are the
+    arrays; anything else (``None``, numbers, strings, NumPy scalars,
+    other objects) is kept in the description as it is. An array found
+    twice is listed once, so it comes back as one array.
+
+    Args:
+        in_arrays: What the converter returned.
+
+    Returns:
+        tuple: ``(structure, arrays)``; :func:`unflatten_inputs` rebuilds
+        ``in_arrays`` from them.
+    """
+    arrays = []
+    positions = {}
+
+    def describe(value):
+        if _is_array(value):
+            position = positions.get(id(value))
+            if position is None:
+                position = positions[id(value)] = len(arrays)
+                arrays.append(value)
+            return ('array', position)
+        sequence = _sequence_type(value)
+        if sequence is not None:
+            return ('sequence', sequence, [describe(item) for item in value])
+        mapping = _mapping_type(value)
+        if mapping is not None:
+            return ('mapping', mapping,
+                    [(key, describe(item)) for key, item in value.items()])
+        return ('value', value)
+
+    return describe(in_arrays), arrays
+
+
+def unflatten_inputs(structure, arrays):
+    """Rebuilds what :func:`flatten_inputs` split, with ``arrays`` (the
+    same arrays, or their copies, in the same order) in place of the
+    original ones.
+
+    Args:
+        structure: The description from :func:`flatten_inputs`.
+        arrays (list): One array per position.
+
+    Returns:
+        The converter's output, with the same container types.
+    """
+    kind = structure[0]
+    if kind == 'array':
+        return arrays[structure[1]]
+    if kind == 'value':
+        return structure[1]
+    _, container, items = structure
+    if kind == 'mapping':
+        return container((key, unflatten_inputs(item, arrays))
+                         for key, item in items)
+    items = [unflatten_inputs(item, arrays) for item in items]
+    if container is tuple or container is list:
+        return container(items)
+    return container(*items)  # a namedtuple
+
+
+def map_arrays(func, in_arrays):
+    """``in_arrays`` with ``func(array)`` in place of each of its arrays
+    (as :func:`flatten_inputs` finds them), the rest as it was.
+
+    Args:
+        func (callable): Applied once to each distinct array.
+        in_arrays: What a converter returned.
+    """
+    structure, arrays = flatten_inputs(in_arrays)
+    return unflatten_inputs(structure, [func(array) for array in arrays])

@@ -102,7 +102,9 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     the workers import the script's module. ``workers='thread'`` runs the
     replicas as threads of this process instead (they then share the
     interpreter lock). Worker processes start at the first ``update()``
-    and stay until :meth:`finalize`. ``'@numpy'`` replicas read the
+    and stay until :meth:`finalize`, or until an error in ``update()``
+    (in a worker or in this process), which stops them at once and closes
+    the updater. ``'@numpy'`` replicas read the
     master's arrays; each gets ``blas_threads`` BLAS threads, since replicas
     that all use every core slow each other down.
 
@@ -138,7 +140,10 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             ``ParallelUpdater``.
         converter: Converter for each device's share of the batch; it is
             called in this process with the CPU device, and the arrays are
-            sent to the replica's device there.
+            sent to the replica's device there. It may return arrays and
+            tuples, lists and dicts of them nested at any depth (lists of
+            arrays of different lengths, as Chainer's NLP examples), with
+            numbers and None among them; the model gets the same containers.
         loss_func (callable): ``loss_func(*in_arrays)`` returns the loss,
             as in ``StandardUpdater``; by default the target itself.
         timeline (cgdp_chainer.Timeline): Records every event if given.
@@ -401,8 +406,24 @@ class CGDPUpdater(standard_updater.StandardUpdater):
 
     def update_core(self):
         if self._closed:
+            error = self._failures.error
             raise RuntimeError(
-                'this CGDPUpdater was finalized or stopped after an error')
+                'this CGDPUpdater was finalized or stopped after an error{}; '
+                'build a new one to train on'.format(
+                    '' if error is None else ' ({})'.format(
+                        _describe_error(error))))
+        try:
+            self._iterate()
+        except BaseException as error:
+            # Whatever failed (the converter, a hand-over, a worker, Ctrl-C
+            # while waiting), the workers end and the shared memory is
+            # freed now: a script that catches the error and exits without
+            # finalize() neither hangs nor leaks.
+            self._failures.fail(error, 'caller')
+            self._stop_replicas()
+            raise
+
+    def _iterate(self):
         iterator = self.get_iterator('main')
         batch = iterator.next()
         n = len(self._devices)
@@ -439,15 +460,9 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             persistents=refresh, config=config) for i in range(n)]
         self._accumulator.start_iteration(self.iteration, shares)
         search_start = time.perf_counter()
-        try:
-            results = self._replicas.run(jobs, inputs)
-            if not self._failures.failed:
-                self._accumulator.wait()
-        except BaseException as interruption:  # Ctrl-C while waiting
-            # Every thread and worker stops at its next check; the caller
-            # gets the interruption and finalize() ends them.
-            self._failures.fail(interruption, 'caller')
-            raise
+        results = self._replicas.run(jobs, inputs)
+        if not self._failures.failed:
+            self._accumulator.wait()
         seconds = time.perf_counter() - search_start
         sync_end = timeline.now() if timeline is not None else None
         if self._failures.failed:
@@ -596,7 +611,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         reporter.add_observers('main', replica.namedlinks(skipself=True))
         with reporter.scope({}):
             size = self._chooser(
-                replica, device, device.send(sample_inputs),
+                replica, device,
+                worker_module.send_inputs(device, sample_inputs),
                 len(self._devices), self.loss_func,
                 self._host_threads, self.workers,
                 optimizer=self.get_optimizer('main'))
@@ -661,6 +677,15 @@ def _size_words(n_bytes):
         if n_bytes >= size:
             return '{:g} {}'.format(n_bytes / size, unit)
     return '{} B'.format(n_bytes)
+
+
+def _describe_error(error):
+    """An error's type and the last line of its message (a worker's error
+    carries its traceback, whose last line names the exception)."""
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    return '{}: {}'.format(type(error).__name__, lines[-1].strip())
 
 
 def _check_arguments(devices, reduction, timeline, blas_threads,

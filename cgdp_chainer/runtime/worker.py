@@ -27,6 +27,7 @@ from cgdp_chainer import devices as devices_module
 from cgdp_chainer import randomness
 from cgdp_chainer.runtime.accumulator import Aborted  # NOQA: one exception for all
 from cgdp_chainer.runtime import readiness
+from cgdp_chainer.runtime import shared
 
 Job = collections.namedtuple(
     'Job', ('iteration', 'seed', 'plan', 'fingerprint', 'record_events',
@@ -191,7 +192,7 @@ class ReplicaWorker(object):
         clock = _Clock(job.record_events, self.transfer)
         replica = self.replica
         replica.cleargrads()
-        in_arrays = self.device.send(in_arrays)
+        in_arrays = send_inputs(self.device, in_arrays)
         observation = {}
         with _ConfigScope(job.config), _ReplicaScope(self.index), \
                 randomness.thread_random_state(job.seed), \
@@ -322,7 +323,23 @@ class _ReplicaScope(object):
         return False
 
 
+def send_inputs(device, in_arrays):
+    """A converter's output on a replica's device: each of its arrays sent,
+    in containers of the same types.
+
+    ``Device.send`` takes one array or a flat tuple or list of them; a
+    converter may return dicts and lists of arrays of different lengths,
+    nested (see :func:`~cgdp_chainer.runtime.shared.flatten_inputs`).
+
+    Args:
+        device (chainer.backend.Device): The replica's device.
+        in_arrays: The converted sub-batch, in host memory.
+    """
+    return shared.map_arrays(device.send_array, in_arrays)
+
+
 def _call_with(func, in_arrays):
+    # As StandardUpdater calls its loss function.
     if isinstance(in_arrays, tuple):
         return func(*in_arrays)
     if isinstance(in_arrays, dict):
