@@ -38,6 +38,7 @@ class Timeline(object):
         self.max_iterations = max_iterations
         self._events = []
         self._summaries = []
+        self._notes = []
         self._lock = threading.Lock()
 
     def now(self):
@@ -52,6 +53,18 @@ class Timeline(object):
         with self._lock:
             self._events.append(
                 Event(iteration, device, kind, chunk, start, end))
+
+    def note(self, text):
+        """Marks something that changes how the events read (a worker
+        whose copies are staged, for instance), at the current time."""
+        with self._lock:
+            self._notes.append((self.now(), text))
+
+    @property
+    def notes(self):
+        """``(time, text)`` of every :meth:`note`, in order."""
+        with self._lock:
+            return list(self._notes)
 
     def span(self, iteration, device, kind, chunk=None):
         """Context manager that records the time spent inside it."""
@@ -134,6 +147,9 @@ class Timeline(object):
                 'dur': max(0.0, e.end - e.start) * 1e6,
                 'args': {'iteration': e.iteration, 'chunk': e.chunk},
             })
+        for time_, text in self.notes:
+            trace.append({'name': text, 'cat': 'note', 'ph': 'i', 's': 'g',
+                          'pid': 0, 'tid': 'host', 'ts': time_ * 1e6})
         return {'traceEvents': trace, 'displayTimeUnit': 'ms'}
 
     def export_chrome_trace(self, path):

@@ -515,6 +515,9 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                 allreducer=self._allreducer)
             self._replicas = replicas
             replicas.start(self._accumulator.deliver)
+            if self.timeline is not None:
+                for note in replicas.notes:
+                    self.timeline.note(note)
         except BaseException:
             self._replicas = replicas
             self._stop_replicas()
