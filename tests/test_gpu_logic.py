@@ -1,6 +1,10 @@
 """The GPU path's logic that the CPU can run: the notifier's error path,
 the fallback when the shared memory cannot be page-locked, the NCCL and
 cuDNN checks and where cuDNN is recorded."""
+import os
+import subprocess
+import sys
+import tarfile
 import threading
 import types
 
@@ -169,3 +173,27 @@ def test_a_timeline_note_is_in_the_trace():
     assert [e['name'] for e in trace if e['ph'] == 'i'] == [
         'replica 0: staged copies']
     assert timeline.notes[0][1] == 'replica 0: staged copies'
+
+
+def test_the_gpu_check_stops_at_its_preflight_without_a_gpu(tmp_path):
+    """A dry run of .ci/gpu_check.sh with no GPU visible (here there is
+    none anyway; CUDA_VISIBLE_DEVICES hides any): status 1, the missing
+    piece named, no test or run started, the summary and the archive
+    under $OUT."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES='', PYTHON=sys.executable,
+               OUT=str(tmp_path))
+    done = subprocess.run(['bash', os.path.join('.ci', 'gpu_check.sh')],
+                          cwd=root, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert 'preflight failed: missing' in done.stdout
+    assert 'a CUDA GPU that CuPy sees' in done.stdout
+    assert sorted(os.listdir(tmp_path)) == ['gpu_check.tar.gz',
+                                            'gpu_check_summary.txt']
+    summary = (tmp_path / 'gpu_check_summary.txt').read_text()
+    assert summary.startswith('status: 1\n')
+    assert 'preflight failed' in summary
+    with tarfile.open(str(tmp_path / 'gpu_check.tar.gz')) as archive:
+        names = {os.path.basename(n) for n in archive.getnames()}
+    assert 'preflight.txt' in names and 'gpu_tests.txt' not in names
