@@ -97,7 +97,10 @@ class DeviceView(chainer.LinkHook):
         for (path, name), value in persistents.items():
             setattr(links[path], name, value)
         for param, array, _ in params:
-            param.array = array
+            # (A parameter still uninitialized then, and initialized by
+            # the forward, is moved to the host by to_device below.)
+            if array is not None:
+                param.array = array
         # Links and parameters say they are on the host again (no copy:
         # every array is there).
         self._master.to_device(self._host)
