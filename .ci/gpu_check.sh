@@ -52,10 +52,10 @@ export PYTHONUNBUFFERED=1
 "$PYTHON" - >> "$WORK/preflight.txt" 2>&1 <<'PY'
 import sys
 try:
+    import cgdp_chainer  # NOQA: first, its compat module runs before Chainer
     import chainer
     from chainer.backends import cuda
     import numpy
-    import cgdp_chainer  # NOQA
     from cgdp_chainer import devices
 except Exception as error:
     print('preflight failed: missing Chainer or cgdp_chainer ({}: {})'.format(
