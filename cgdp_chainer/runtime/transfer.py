@@ -10,8 +10,9 @@ host accumulator never branch on the device kind or the worker kind:
   replicas read the master's arrays, which live in shared memory, and copy
   each chunk's gradients into their own shared slots.
 - :class:`CudaTransfer` for ``'@cupy:N'`` replicas, in a thread or a worker
-  process: pinned (or page-locked shared) host buffers allocated once, one
-  copy stream each way, and CUDA events so that the copies overlap the next
+  process: pinned (or page-locked shared) host buffers allocated once
+  (where the shared ones cannot be page-locked, copies go through pinned
+  staging buffers of the replica's own), one copy stream each way, and CUDA events so that the copies overlap the next
   chunk's backward and a chunk's next forward waits for its own parameters
   only.
 
@@ -84,6 +85,11 @@ class CudaTransfer(object):
             arrays :func:`pin_master` has placed in pinned memory.
         replica_params (dict): Parameter path -> the replica's parameter.
         device (chainer.backend.GpuDevice): The replica's GPU.
+        slots (dict or None): Parameter path -> host gradient slot
+            (page-locked shared memory in a worker process); None:
+            pinned slots of its own.
+        staged (bool): Whether ``slots`` and the master's arrays are not
+            page-locked: copies then go through pinned staging buffers.
     """
 
     is_gpu = True
@@ -103,7 +109,6 @@ class CudaTransfer(object):
             self.slots = slots
             # Where the given slots and master arrays are not page-locked:
             # copies go through pinned buffers of this replica's own.
-            self.staged = staged
             self._grad_staging = _pinned_like(master_params) if staged \
                 else None
             self._param_staging = _pinned_like(master_params) if staged \
