@@ -32,8 +32,14 @@ pack() {
 }
 
 if [ -d .whl ] && ls .whl/chainer-7.8.1-*.whl >/dev/null 2>&1; then
-    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile \
-        --target /tmp/site .whl/chainer-7.8.1-*.whl || exit 1
+    if ! "$PYTHON" -m pip install -q --no-index --no-deps --no-compile \
+            --target /tmp/site .whl/chainer-7.8.1-*.whl; then
+        echo 'preflight failed: the carried Chainer wheel did not install' |
+            tee "$WORK/summary.txt"
+        status=1
+        pack
+        exit 1
+    fi
     export PYTHONPATH=/tmp/site:$PWD
 else
     export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -78,6 +84,11 @@ else:
     except Exception as error:
         print('nccl not available ({})'.format(error))
     print('cudnn', devices.cudnn_words(devices.cudnn_enabled()))
+try:
+    import matplotlib
+    print('matplotlib', matplotlib.__version__)
+except ImportError:
+    print('matplotlib missing: the weak-scaling step will fail')
 gpus = devices.gpu_count()
 print('gpus seen by CuPy', gpus)
 if gpus < 1:
@@ -88,7 +99,7 @@ if missing:
 PY
 preflight=$?
 cat "$WORK/preflight.txt"
-grep -E '^(python|cupy|nccl|cudnn|gpus|preflight)' "$WORK/preflight.txt" \
+grep -E '^(python|cupy|nccl|cudnn|matplotlib|gpus|preflight)' "$WORK/preflight.txt" \
     > "$WORK/summary.txt"
 if [ $preflight -ne 0 ]; then
     status=1
