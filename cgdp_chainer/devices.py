@@ -37,6 +37,30 @@ def gpu_count():
         return 0
 
 
+def cudnn_enabled():
+    """Whether Chainer runs its convolutions, pooling and BatchNorm on
+    cuDNN here: True or False where CuPy works (False: a CuPy without
+    cuDNN, such as CuPy 14, or ``CHAINER_CUDNN=0``; Chainer then uses its
+    own, slower kernels), None without CuPy (no GPU run: nothing to say).
+    """
+    if cupy_module() is None:
+        return None
+    from chainer.backends import cuda
+    return bool(cuda.cudnn_enabled) and chainer.config.use_cudnn != 'never'
+
+
+def cudnn_words(enabled):
+    """``'cuDNN on'``, ``'cuDNN off'`` or ``''`` (None: no GPU run), for
+    titles, plans and summaries.
+
+    Args:
+        enabled (bool or None): As :func:`cudnn_enabled` returns it.
+    """
+    if enabled is None:
+        return ''
+    return 'cuDNN on' if enabled else 'cuDNN off'
+
+
 def split_spec(spec):
     """Splits a comma-separated device list into its items.
 

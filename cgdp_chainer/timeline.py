@@ -51,6 +51,7 @@ class Timeline(object):
         self.max_iterations = max_iterations
         self._events = []
         self._summaries = []
+        self._notes = []
         self._lock = threading.Lock()
         self._replica_labels = {}
         self._rank = None
@@ -80,6 +81,18 @@ class Timeline(object):
         with self._lock:
             self._events.append(
                 Event(iteration, device, kind, chunk, start, end, thread))
+
+    def note(self, text):
+        """Marks something that changes how the events read (a worker
+        whose copies are staged, for instance), at the current time."""
+        with self._lock:
+            self._notes.append((self.now(), text))
+
+    @property
+    def notes(self):
+        """``(time, text)`` of every :meth:`note`, in order."""
+        with self._lock:
+            return list(self._notes)
 
     def span(self, iteration, device, kind, chunk=None, thread=None):
         """Context manager that records the time spent inside it; a host
@@ -178,6 +191,9 @@ class Timeline(object):
             metadata.append({'name': 'thread_sort_index', 'ph': 'M',
                              'pid': pid, 'tid': tid,
                              'args': {'sort_index': tid}})
+        for time_, text in self.notes:
+            trace.append({'name': text, 'cat': 'note', 'ph': 'i', 's': 'g',
+                          'pid': pid, 'tid': 0, 'ts': time_ * 1e6})
         return {'traceEvents': metadata + trace, 'displayTimeUnit': 'ms'}
 
     def export_chrome_trace(self, path):

@@ -145,9 +145,28 @@ def nccl_unavailable(device_specs, world=None):
         return 'needs GPUs (these are CPU replicas)'
     if len(device_specs) < 2:
         return 'needs 2 or more GPUs'
-    if not MultiprocessParallelUpdater.available():
+    if not nccl_available():
         return 'CuPy has no NCCL here'
     return None
+
+
+def nccl_available():
+    """Whether MultiprocessParallelUpdater can run here.
+
+    Chainer's own check only asks whether ``cupy.cuda.nccl`` imports,
+    which it always does on CuPy 14, NCCL's library or not; the module's
+    ``available`` flag says whether the library loaded.
+    """
+    if not MultiprocessParallelUpdater.available():
+        return False
+    from cupy.cuda import nccl
+    return nccl_library_loaded(nccl)
+
+
+def nccl_library_loaded(nccl):
+    """Whether CuPy's NCCL module ``nccl`` found NCCL's library (CuPy
+    before ``available`` existed: the import succeeding said so)."""
+    return bool(getattr(nccl, 'available', True))
 
 
 def chainermn_unavailable(device_specs, world=None):

@@ -32,6 +32,7 @@ matplotlib.use('Agg')  # files only; no display is needed (or present)
 import matplotlib.pyplot as plt  # NOQA: E402 (after the backend choice)
 from matplotlib.patches import Patch  # NOQA: E402
 
+from cgdp_chainer import devices  # NOQA: E402
 from cgdp_chainer import files  # NOQA: E402
 from experiments import cli  # NOQA: E402 (one-line errors, exit 2)
 from experiments import results  # NOQA: E402
@@ -98,10 +99,19 @@ def _by_mode(summary):
 
 
 def _setting_line(env):
-    """``resnet152, 64 px, batch 4/device, CPU replicas (@numpy)``."""
+    """``resnet152, 64 px, batch 4/device, CPU replicas (@numpy)``, with
+    ``, cuDNN on`` or ``, cuDNN off`` for a GPU run."""
     return '{}, {} px, batch {}/device, {}'.format(
         env.get('net', '?'), env.get('image_size', '?'),
-        env.get('batch_per_device', '?'), env.get('device_kind', '?'))
+        env.get('batch_per_device', '?'), _device_words(env))
+
+
+def _device_words(env):
+    """The run's device kind, with whether cuDNN was on where it ran on
+    GPUs (env.json before it recorded that: the kind alone)."""
+    words = devices.cudnn_words(env.get('cudnn'))
+    kind = env.get('device_kind', '?')
+    return '{}, {}'.format(kind, words) if words else kind
 
 
 def _device_ticks(ax, summary):
@@ -581,7 +591,7 @@ def draw_all(all_dir, notes=None):
     axes[0][0].set_ylim(0, top * 1.1)
     axes[0][-1].legend(loc='lower left', fontsize='small')
     fig.suptitle('Weak-scaling efficiency of the four networks ({})'.format(
-        panels[0][1].get('device_kind', '?')))
+        _device_words(panels[0][1])))
     fig.tight_layout()
     path = os.path.join(all_dir, EFFICIENCY_ALL_PNG)
     _save(fig, path)

@@ -37,6 +37,7 @@ import subprocess
 
 import numpy
 
+from cgdp_chainer import devices
 from cgdp_chainer import files
 
 RUNS_FILE = 'runs.csv'
@@ -517,7 +518,8 @@ def collect_env(command, **settings):
             given, and must be JSON-serializable.
 
     Returns:
-        dict: Versions of Python, Chainer, NumPy and CuPy, the CPU model and
+        dict: Versions of Python, Chainer, NumPy and CuPy, whether cuDNN
+        is on (None without CuPy), the CPU model and
         core count, the load average, the git commit, the command line and
         ``settings``.
     """
@@ -528,6 +530,9 @@ def collect_env(command, **settings):
         'chainer': chainer.__version__,
         'numpy': numpy.__version__,
         'cupy': _version('cupy'),
+        # Chainer's own kernels where not: the timings are not a cuDNN
+        # set-up's (None: no CuPy).
+        'cudnn': devices.cudnn_enabled(),
         'platform': platform.platform(),
         'cpu_model': _cpu_model(),
         'cpu_count': os.cpu_count(),

@@ -179,6 +179,20 @@ def device_kind_name(kind):
     return devices_module.describe(device).replace(' (@cupy:0)', '')
 
 
+def cudnn_note(enabled):
+    """The plan's line where Chainer runs on GPUs without cuDNN (None
+    where cuDNN is on, or for no GPU run).
+
+    Args:
+        enabled (bool or None): As ``devices.cudnn_enabled`` returns it.
+    """
+    if enabled is not False:
+        return None
+    return ('note: cuDNN is off (CuPy 14 has none; or CHAINER_CUDNN=0): '
+            'convolutions, pooling and BatchNorm run on Chainer\'s own '
+            'kernels, so the times are not those of a cuDNN set-up')
+
+
 def resolve_devices(args, world=None):
     """The replica kind and the device counts to run, checked.
 
@@ -222,6 +236,9 @@ def resolve_devices(args, world=None):
                                                                 sharing),
                          '' if n_gpus else "; use --device-kind cpu for "
                                            "'@numpy' replicas"))
+        note = cudnn_note(devices_module.cudnn_enabled())
+        if note:
+            notes.append(note)
     else:
         if counts is None:
             counts = list(DEFAULT_DEVICE_COUNTS)

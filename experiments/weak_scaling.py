@@ -72,7 +72,6 @@ import time
 
 from experiments import cli  # NOQA: first, it silences import-time warnings
 
-from chainer.training.updaters import MultiprocessParallelUpdater
 import numpy
 
 from cgdp_chainer import blas
@@ -80,6 +79,7 @@ from cgdp_chainer import datasets
 from cgdp_chainer import devices as devices_module
 from cgdp_chainer import mpi as cgdp_mpi
 from cgdp_chainer import Timeline
+from experiments import modes
 from experiments import mpi_world
 from experiments import plot
 from experiments import prediction
@@ -542,7 +542,7 @@ def use_forkserver_for_nccl(plan, world):
     """
     if plan.kind == 'gpu' and 'nccl' in plan.modes and \
             max(plan.counts) >= 2 and world is None and \
-            MultiprocessParallelUpdater.available():
+            modes.nccl_available():
         multiprocessing.set_start_method('forkserver', force=True)
 
 

@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 
 import chainer
 import numpy
@@ -94,12 +95,13 @@ class ThreadReplicas(object):
         self.loss_funcs = []
         self.ports = []
         for device in devices:
+            # Moved to its device in its own thread (see _serve).
             replica, replica_loss = copy.deepcopy((master, loss_func))
-            replica.to_device(device)
             self.replicas.append(replica)
             self.loss_funcs.append(replica_loss)
             self.ports.append(transfer_module.make_transfer(
                 device, master_params, dict(replica.namedparams())))
+        self.notes = []  # nothing to say: see ProcessReplicas.notes
         self._threads = []
         self._jobs = [queue.Queue() for _ in devices]
         self._results = None
@@ -127,6 +129,10 @@ class ThreadReplicas(object):
         where = 'replica {} ({}) thread'.format(index, device)
         with worker_module.device_scope(device):
             try:
+                # On the replica's own stream, which its forwards use: a
+                # copy on the legacy default stream would not be ordered
+                # before them (the replica's stream is non-blocking).
+                replica.to_device(device)
                 replica_worker = worker_module.ReplicaWorker(
                     index, device, replica, port, link, loss_func)
             except BaseException as error:
@@ -260,6 +266,8 @@ class ProcessReplicas(object):
         self._pongs = {}
         self._closed = False
         self.startup_seconds = None
+        # What the workers said when they started, for the timeline.
+        self.notes = []
 
     # -- start-up ---------------------------------------------------------
 
@@ -304,14 +312,19 @@ class ProcessReplicas(object):
         # the workers, and must not leave its segments behind: this runs
         # before that handler (exit handlers run last registered first).
         atexit.register(self.close)
-        for index in range(len(self.devices)):
+        self.notes = [note for note in (
             self._await_ready(index, started)
+            for index in range(len(self.devices))) if note]
+        if self.notes:
+            warnings.warn('\n'.join(self.notes), RuntimeWarning)
         self.startup_seconds = time.perf_counter() - started
         self._monitor = threading.Thread(
             target=self._watch, name='cgdp-worker-monitor', daemon=True)
         self._monitor.start()
 
     def _await_ready(self, index, started):
+        """Waits for worker ``index``'s 'ready'; returns its warning (a
+        sentence) or None."""
         conn, process = self._conns[index], self._processes[index]
         deadline = started + STARTUP_TIMEOUT_SECONDS
         while True:
@@ -329,7 +342,7 @@ class ProcessReplicas(object):
                 except EOFError:
                     message = None
                 if message is not None and message[0] == 'ready':
-                    return
+                    return message[2]
                 if message is not None and message[0] == 'error':
                     raise ReplicaError(
                         'CGDP worker process for replica {} ({}) failed '
@@ -615,7 +628,7 @@ def process_main(init, conn):
     except BaseException:
         sender.send(('error', None, traceback.format_exc()))
         return
-    sender.send(('ready', os.getpid()))
+    sender.send(('ready', os.getpid(), server.warning))
     server.serve(conn)
 
 
@@ -668,31 +681,38 @@ class _WorkerServer(object):
         self.scope = worker_module.device_scope(self.device)
         self.scope.__enter__()
         replica_params = dict(replica.namedparams())
+        # Why the shared memory is not page-locked, for the parent's
+        # warning (None: it is, or no GPU).
+        self.warning = None
         if devices_module.is_gpu(self.device):
             replica.to_device(self.device)
             replica_params = dict(replica.namedparams())
-            self._register(self.master_arena)
-            self._register(self.slot_arena)
+            why = transfer_module.page_lock(
+                [self.master_arena.as_bytes(), self.slot_arena.as_bytes()],
+                _host_register)
+            if why is not None:
+                self.warning = (
+                    'CGDP replica {} ({}): the shared memory could not be '
+                    'page-locked ({}); its copies go through pinned '
+                    'buffers of its own, one more host copy per chunk each '
+                    'way'.format(init.index, self.device, why))
             holders = {name: _HostArray(array) for name, array in
                        self.master_arena.arrays.items()}
             self.transfer = transfer_module.CudaTransfer(
                 holders, replica_params, self.device,
-                slots=self.slot_arena.arrays)
+                slots=self.slot_arena.arrays, staged=why is not None)
         else:
             self.transfer = transfer_module.SharedSlotTransfer(
                 replica_params, self.slot_arena.arrays)
         self.abort = threading.Event()
-        self.link = _PipeLink(sender, self.abort, self.transfer.is_gpu)
+        self.link = _PipeLink(
+            sender, self.abort,
+            self.device if self.transfer.is_gpu else None)
         self.worker = worker_module.ReplicaWorker(
             init.index, self.device, replica, self.transfer, self.link,
             loss_func)
         self.batches = shared.BatchReader()
         self.jobs = queue.Queue()
-
-    def _register(self, arena):
-        import cupy
-        whole = arena.as_bytes()
-        cupy.cuda.runtime.hostRegister(whole.ctypes.data, whole.nbytes, 0)
 
     def serve(self, conn):
         receiver = threading.Thread(target=self._receive, args=(conn,),
@@ -718,7 +738,12 @@ class _WorkerServer(object):
         self.batches.close()
 
     def _receive(self, conn):
-        while True:
+        try:
+            worker_module.use_device(self.device)  # for publish's copies
+        except BaseException:
+            self.sender.send(('error', None, traceback.format_exc()))
+            conn = None
+        while conn is not None:
             try:
                 if not conn.poll(0.5):
                     if os.getppid() != self.parent_pid:
@@ -742,6 +767,19 @@ class _WorkerServer(object):
         self.jobs.put(None)
 
 
+def _host_register(region):
+    """Page-locks a shared region in place for CUDA's asynchronous copies.
+
+    Raises:
+        PageLockError: CUDA refused (the caller falls back to staging).
+    """
+    import cupy
+    try:
+        cupy.cuda.runtime.hostRegister(region.ctypes.data, region.nbytes, 0)
+    except cupy.cuda.runtime.CUDARuntimeError as error:
+        raise transfer_module.PageLockError(str(error)) from error
+
+
 class _HostArray(object):
     """Gives a shared array the ``.array`` of a parameter, for
     :class:`~cgdp_chainer.runtime.transfer.CudaTransfer`."""
@@ -752,17 +790,27 @@ class _HostArray(object):
 
 class _PipeLink(object):
     """A worker process's link to the host: chunk announcements over the
-    pipe; for GPUs from a thread that first waits for the chunk's copy."""
+    pipe; for GPUs from a thread that first waits for the chunk's copy.
 
-    def __init__(self, sender, abort, gpu):
+    Args:
+        sender (_LockedSender): The pipe to the host.
+        abort (threading.Event): Set when the iteration must stop.
+        device (chainer.backend.Device or None): The device whose copies
+            the notifier thread waits for; None: no thread, a chunk is
+            announced when it is delivered.
+    """
+
+    def __init__(self, sender, abort, device=None):
         self._sender = sender
         self._abort = abort
         self._pending = None
         self._notifier = None
-        if gpu:
+        self._error = None  # the notifier's traceback, once it failed
+        if device is not None:
             self._pending = queue.Queue()
             self._notifier = threading.Thread(
-                target=self._notify, name='cgdp-d2h-notifier', daemon=True)
+                target=self._notify, args=(device,),
+                name='cgdp-d2h-notifier', daemon=True)
             self._notifier.start()
 
     def deliver(self, iteration, chunk, ready):
@@ -771,7 +819,12 @@ class _PipeLink(object):
         else:
             self._pending.put((iteration, chunk, ready))
 
-    def _notify(self):
+    def _notify(self, device):
+        try:
+            worker_module.use_device(device)
+        except BaseException:
+            self._error = 'the notifier thread could not use {}:\n{}'.format(
+                device, traceback.format_exc())
         while True:
             item = self._pending.get()
             if item is None:
@@ -780,15 +833,34 @@ class _PipeLink(object):
                 item[1].set()
                 continue
             iteration, chunk, ready = item
-            ready.synchronize()
+            if self._error is not None:
+                continue  # the iteration failed; flush() says so
+            try:
+                ready.synchronize()
+            except BaseException:
+                # Kept for flush(), which raises it in the worker's main
+                # thread: reported to the host as any failure of the
+                # iteration, and the queue is still served.
+                self._error = (
+                    'waiting for the device-to-host copy of chunk {} of '
+                    'iteration {} failed:\n{}'.format(
+                        chunk, iteration, traceback.format_exc()))
+                continue
             self._sender.send(('delivered', iteration, chunk))
 
     def flush(self):
-        """Waits until every announcement of the iteration is sent."""
+        """Waits until every announcement of the iteration is sent.
+
+        Raises:
+            RuntimeError: Waiting for a copy failed (its traceback in the
+                message); the chunk was not announced.
+        """
         if self._pending is not None:
             done = threading.Event()
             self._pending.put(('flush', done))
             done.wait()
+            if self._error is not None:
+                raise RuntimeError(self._error)
 
     def check(self):
         if self._abort.is_set():

@@ -10,8 +10,9 @@ host accumulator never branch on the device kind or the worker kind:
   replicas read the master's arrays, which live in shared memory, and copy
   each chunk's gradients into their own shared slots.
 - :class:`CudaTransfer` for ``'@cupy:N'`` replicas, in a thread or a worker
-  process: pinned (or page-locked shared) host buffers allocated once, one
-  copy stream each way, and CUDA events so that the copies overlap the next
+  process: pinned (or page-locked shared) host buffers allocated once
+  (where the shared ones cannot be page-locked, copies go through pinned
+  staging buffers of the replica's own), one copy stream each way, and CUDA events so that the copies overlap the next
   chunk's backward and a chunk's next forward waits for its own parameters
   only.
 
@@ -84,13 +85,18 @@ class CudaTransfer(object):
             arrays :func:`pin_master` has placed in pinned memory.
         replica_params (dict): Parameter path -> the replica's parameter.
         device (chainer.backend.GpuDevice): The replica's GPU.
+        slots (dict or None): Parameter path -> host gradient slot
+            (page-locked shared memory in a worker process); None:
+            pinned slots of its own.
+        staged (bool): Whether ``slots`` and the master's arrays are not
+            page-locked: copies then go through pinned staging buffers.
     """
 
     is_gpu = True
 
-    def __init__(self, master_params, replica_params, device, slots=None):
+    def __init__(self, master_params, replica_params, device, slots=None,
+                 staged=False):
         import cupy
-        import cupyx
         self._cupy = cupy
         self.device = device
         self.master_params = master_params
@@ -99,10 +105,14 @@ class CudaTransfer(object):
             self.d2h_stream = cupy.cuda.Stream(non_blocking=True)
             self.h2d_stream = cupy.cuda.Stream(non_blocking=True)
             if slots is None:
-                slots = {
-                    name: cupyx.empty_pinned(p.array.shape, p.array.dtype)
-                    for name, p in master_params.items()}
+                slots = _pinned_like(master_params)
             self.slots = slots
+            # Where the given slots and master arrays are not page-locked:
+            # copies go through pinned buffers of this replica's own.
+            self._grad_staging = _pinned_like(master_params) if staged \
+                else None
+            self._param_staging = _pinned_like(master_params) if staged \
+                else None
         self._params_ready = {}
 
     def send_grads(self, names):
@@ -113,19 +123,27 @@ class CudaTransfer(object):
         """
         cupy = self._cupy
         with cupy.cuda.Device(self.device.device.id):
-            backward_done = cupy.cuda.get_current_stream().record()
+            backward_done = cupy.cuda.get_current_stream().record(
+                sync_event(cupy))
             self.d2h_stream.wait_event(backward_done)
+            staged = []
             for name in names:
                 grad = self.replica_params[name].grad
                 slot = self.slots[name]
                 if grad is None:
                     slot.fill(0)
                     continue
+                if self._grad_staging is not None:
+                    staged.append((self._grad_staging[name], slot))
+                    slot = self._grad_staging[name]
                 try:
                     grad.get(stream=self.d2h_stream, out=slot, blocking=False)
                 except TypeError:  # CuPy before 13 has no `blocking`
                     grad.get(stream=self.d2h_stream, out=slot)
-            return self.d2h_stream.record()
+            copied = self.d2h_stream.record(sync_event(cupy))
+            if self._grad_staging is not None:
+                return StagedCopy(copied, staged)
+            return copied
 
     def wait_grads(self, ready):
         if ready is not None:
@@ -136,9 +154,17 @@ class CudaTransfer(object):
         cupy = self._cupy
         with cupy.cuda.Device(self.device.device.id):
             for name in names:
+                source = self.master_params[name].array
+                if self._param_staging is not None:
+                    # The previous copy from this buffer is complete: the
+                    # gradients that led to these values were computed
+                    # after it.
+                    numpy.copyto(self._param_staging[name], source)
+                    source = self._param_staging[name]
                 self.replica_params[name].array.set(
-                    self.master_params[name].array, stream=self.h2d_stream)
-            self._params_ready[chunk] = self.h2d_stream.record()
+                    source, stream=self.h2d_stream)
+            self._params_ready[chunk] = self.h2d_stream.record(
+                sync_event(cupy))
 
     def wait_params(self, chunk):
         """Orders the current stream after ``chunk``'s parameter copy,
@@ -148,12 +174,77 @@ class CudaTransfer(object):
             self._cupy.cuda.get_current_stream().wait_event(event)
 
     def record(self):
+        """A timing event (the timeline's clock), on the compute stream."""
         return self._cupy.cuda.get_current_stream().record()
 
     def close(self):
         self.d2h_stream.synchronize()
         self.h2d_stream.synchronize()
         self._params_ready = {}
+
+
+class StagedCopy(object):
+    """The ``ready`` of a gradient copy through staging buffers: waiting
+    for it also moves the gradients on into the host's slots.
+
+    Args:
+        copied: What the device-to-host copies recorded (a CUDA event);
+            anything with ``synchronize()``.
+        pairs (list): ``(staging, slot)`` host arrays.
+    """
+
+    def __init__(self, copied, pairs):
+        self.copied = copied
+        self.pairs = pairs
+
+    def synchronize(self):
+        self.copied.synchronize()
+        for staging, slot in self.pairs:
+            numpy.copyto(slot, staging)
+
+
+class PageLockError(OSError):
+    """The shared memory could not be page-locked for the GPU."""
+
+
+def page_lock(regions, register):
+    """Page-locks host regions for asynchronous copies, or says why not.
+
+    Args:
+        regions (list of numpy.ndarray): Byte views of the regions.
+        register (callable): ``register(region)``; raises
+            :class:`OSError` (e.g. :class:`PageLockError`) where the region
+            cannot be locked (a sandboxed kernel, a limit on locked memory).
+
+    Returns:
+        str or None: None if every region is locked, else why not (the
+        first failure; the copies must then be staged).
+    """
+    for region in regions:
+        try:
+            register(region)
+        except OSError as error:
+            return '{}: {}'.format(type(error).__name__, error)
+    return None
+
+
+def _pinned_like(params):
+    import cupyx
+    return {name: cupyx.empty_pinned(p.array.shape, p.array.dtype)
+            for name, p in params.items()}
+
+
+def sync_event(cupy):
+    """A CUDA event used only to order work or wait for it.
+
+    Timing is off (cheaper to record and wait on) and a host thread that
+    waits on it sleeps instead of spinning a core: a waiting receiver or
+    notifier thread would otherwise compete with the host update.
+
+    Args:
+        cupy (module): CuPy.
+    """
+    return cupy.cuda.Event(block=True, disable_timing=True)
 
 
 class SharedSlotTransfer(object):

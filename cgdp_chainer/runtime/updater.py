@@ -15,6 +15,7 @@ from cgdp_chainer import blas
 from cgdp_chainer import chunking
 from cgdp_chainer import devices as devices_module
 from cgdp_chainer.runtime import channels
+from cgdp_chainer.runtime import device_view
 from cgdp_chainer.runtime import readiness
 from cgdp_chainer.runtime import worker as worker_module
 
@@ -213,6 +214,13 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         self._has_persistents = any(
             link._persistent for _, link in master.namedlinks())
         self._closed = False
+        # Evaluator(..., device=devices[0]) evaluates there, as with
+        # ParallelUpdater (the model itself stays in host memory).
+        self._device_view = None
+        if devices_module.is_gpu(self._devices[0]):
+            self._device_view = device_view.DeviceView(
+                master, self._devices[0], lambda: self.iteration)
+            self._device_view.install()
 
     # -- chunking ---------------------------------------------------------
 
@@ -424,6 +432,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             raise
 
     def _iterate(self):
+        if self._device_view is not None:
+            self._device_view.restore()  # after an evaluation that raised
         iterator = self.get_iterator('main')
         batch = iterator.next()
         n = len(self._devices)
@@ -553,6 +563,9 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                 allreducer=self._allreducer)
             self._replicas = replicas
             replicas.start(self._accumulator.deliver)
+            if self.timeline is not None:
+                for note in replicas.notes:
+                    self.timeline.note(note)
         except BaseException:
             self._replicas = replicas
             self._stop_replicas()
@@ -653,11 +666,16 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                 for chunk, names in enumerate(self._chunk_names):
                     port.publish(chunk, names)
             self._refresh_persistents = True
+        if isinstance(serializer, chainer.serializer.Deserializer) and \
+                self._device_view is not None:
+            self._device_view.invalidate()
 
     def finalize(self):
         """Stops every CGDP thread and worker process and closes the
         iterators."""
         self._stop_replicas()
+        if self._device_view is not None:
+            self._device_view.uninstall()
         super(CGDPUpdater, self).finalize()
 
     def _stop_replicas(self):

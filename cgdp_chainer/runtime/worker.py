@@ -441,26 +441,43 @@ class _Clock(object):
         return events
 
 
+def use_device(device):
+    """Makes a GPU replica's device current in the calling thread for the
+    rest of its life (nothing for a CPU device).
+
+    Not a ``with cupy.cuda.Device(N)`` block: leaving one makes current the
+    device that was current before, GPU 0 in a new thread, and making a
+    device current creates its context there (about 0.5 GB, and refused on
+    a GPU in exclusive-process mode). With N current for good, the device
+    blocks that CuPy and Chainer open inside the thread return to N.
+
+    Args:
+        device (chainer.backend.Device): The replica's device.
+    """
+    if devices_module.is_gpu(device):
+        import cupy
+        cupy.cuda.runtime.setDevice(device.device.id)
+
+
 class device_scope(object):
-    """Makes a GPU replica's device current, with its own compute stream,
-    for the thread or process that runs it."""
+    """Makes a GPU replica's device current (for good, see
+    :func:`use_device`), with its own compute stream, for the thread or
+    process that runs it."""
 
     def __init__(self, device):
         self.device = device
-        self._contexts = []
+        self._stream = None
 
     def __enter__(self):
         if devices_module.is_gpu(self.device):
             import cupy
-            gpu = cupy.cuda.Device(self.device.device.id)
-            gpu.__enter__()
-            stream = cupy.cuda.Stream(non_blocking=True)
-            stream.__enter__()
-            self._contexts = [stream, gpu]
+            use_device(self.device)
+            self._stream = cupy.cuda.Stream(non_blocking=True)
+            self._stream.__enter__()
         return self
 
     def __exit__(self, *exc):
-        for context in self._contexts:
-            context.__exit__(*exc)
-        self._contexts = []
+        if self._stream is not None:
+            self._stream.__exit__(*exc)
+        self._stream = None
         return False
