@@ -145,10 +145,12 @@ def _canonical_spec(spec):
 
 
 def _refused(spec):
+    name = repr(spec) if isinstance(spec, str) else 'a {}'.format(
+        type(spec).__name__)
     return ValueError(
-        'device {!r} is a ChainerX or iDeep device, which CGDP does not '
+        'device {} is a ChainerX or iDeep device, which CGDP does not '
         'support (replicas run NumPy or CuPy); use {}'.format(
-            spec, VALID_FORMS))
+            name, VALID_FORMS))
 
 
 def _check_gpu(spec):
