@@ -18,7 +18,8 @@ import cgdp_chainer
 from cgdp_chainer import devices as devices_module
 from experiments import train as train_script
 
-from equivalence import WORKERS, assert_same_params, parallel
+from equivalence import WORKERS, Concatenated, assert_same_params  # NOQA
+from equivalence import parallel
 import staged_models
 
 N_IN = 6
@@ -192,26 +193,6 @@ def test_wrong_forms_are_refused_before_any_worker_starts(kwargs, message):
 
 
 # -- equivalence ----------------------------------------------------------
-
-class Concatenated(chainer.dataset.Iterator):
-    """The batches of several iterators as one: one device's view of the
-    iterator-list form. Epochs follow the first."""
-
-    def __init__(self, iterators):
-        self.iterators = iterators
-
-    def __next__(self):
-        return [example for iterator in self.iterators
-                for example in iterator.next()]
-
-    @property
-    def is_new_epoch(self):
-        return self.iterators[0].is_new_epoch
-
-    @property
-    def epoch_detail(self):
-        return self.iterators[0].epoch_detail
-
 
 def _device_datasets(n_devices):
     # Each device's own data, as split_dataset_n_random gives them.
