@@ -18,11 +18,10 @@ import cgdp_chainer
 from cgdp_chainer import devices as devices_module
 from experiments import train as train_script
 
-from equivalence import WORKERS, Concatenated, assert_same_params  # NOQA
+from equivalence import WORKERS, Concatenated, assert_same_params
 from equivalence import parallel
 import staged_models
 
-N_IN = 6
 ITERATIONS = 3
 
 
