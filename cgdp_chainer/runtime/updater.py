@@ -526,8 +526,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         batches = [list(it.next()) for it in self._device_iterators]
         for index, share in enumerate(batches):
             if not share:
-                raise ValueError('iterator {} (of device {}) gave an empty '
-                                 'batch'.format(index, index))
+                raise ValueError('the iterator of device {} gave an empty '
+                                 'batch'.format(index))
         return batches, [example for share in batches for example in share]
 
     def _start(self, batch, sample):
