@@ -2,7 +2,7 @@
 
     python -m benchmarks.runtime [--net resnet152] [--image-size 64]
         [--batch 4] [--iterations 5] [--warmup 2] [--rounds 2]
-        [--parts all | pairs,four,one,startup,host]
+        [--parts all | pairs,four,one,forms,startup,host]
 
 Prints ratios (machines here are shared and noisy, so only ratios from one
 run mean anything), each with its target or measured limit:
@@ -13,6 +13,11 @@ run mean anything), each with its target or measured limit:
   Also the exposed sync per iteration from the timeline.
 - ``four``: four replicas: CGDP (processes) over ParallelUpdater.
 - ``one``: one replica: CGDP (processes) over StandardUpdater.
+- ``forms``: two replicas, CGDP (processes) in each call form: one
+  iterator split over a list of devices, over a dict of devices
+  (ParallelUpdater's form) and one iterator per device
+  (MultiprocessParallelUpdater's form), each device with the same
+  examples per iteration; the forms should cost alike.
 - ``startup``: process against thread workers: start-up (the first
   ``update()``), the chunk signal round trip, the sub-batch hand-over
   through shared memory, and peak memory of all processes (PSS, which
@@ -45,7 +50,7 @@ from cgdp_chainer import datasets
 from cgdp_chainer.runtime import shared
 from cgdp_chainer.runtime import transfer as transfer_module
 
-PARTS = ('pairs', 'four', 'one', 'startup', 'host')
+PARTS = ('pairs', 'four', 'one', 'forms', 'startup', 'host')
 
 
 def _iterator(n_devices, batch, image_size):
@@ -67,8 +72,17 @@ def _updater(mode, model, n_devices, batch, image_size, timeline=None):
                         for i in range(1, n_devices)})
         return updaters.ParallelUpdater(iterator, optimizer, devices=devices)
     workers = 'thread' if mode == 'cgdp-thread' else 'process'
-    return cgdp_chainer.CGDPUpdater(iterator, optimizer,
-                                    ['@numpy'] * n_devices,
+    devices = ['@numpy'] * n_devices
+    if mode == 'cgdp-dict':
+        devices = dict(main='@numpy', **{'replica{}'.format(i): '@numpy'
+                                         for i in range(1, n_devices)})
+    if mode == 'cgdp-iterators':
+        # One iterator per device, each with one replica's examples.
+        iterator = [chainer.iterators.SerialIterator(
+            datasets.SyntheticImageNet(batch * 2, image_size,
+                                       n_classes=1000, seed=index),
+            batch, shuffle=False) for index in range(n_devices)]
+    return cgdp_chainer.CGDPUpdater(iterator, optimizer, devices,
                                     timeline=timeline, workers=workers)
 
 
@@ -341,6 +355,17 @@ def main(argv=None):
               'CGDP/Standard = {:.3f} (target <= 1.05)'.format(
                   medians['standard'], medians['cgdp'],
                   medians['cgdp'] / medians['standard']), flush=True)
+    if 'forms' in parts:
+        medians, _ = compare(
+            base, ['cgdp', 'cgdp-dict', 'cgdp-iterators'], 2, args)
+        print('[forms] 2 replicas, CGDP processes: one iterator over a list '
+              'of devices {:.3f} s, over a dict of devices {:.3f} s, one '
+              'iterator per device {:.3f} s; dict / list = {:.3f}, '
+              'iterators / list = {:.3f}'.format(
+                  medians['cgdp'], medians['cgdp-dict'],
+                  medians['cgdp-iterators'],
+                  medians['cgdp-dict'] / medians['cgdp'],
+                  medians['cgdp-iterators'] / medians['cgdp']), flush=True)
     if 'startup' in parts:
         rows, hand_over, batch_bytes = startup_and_signals(base, args)
         for mode, label in (('cgdp', 'processes'), ('cgdp-thread',

@@ -8,6 +8,7 @@ network names (or ``module:callable``, see :func:`check_net`) and chunk
 sizes, and turn a failed check into such a line.
 """
 import argparse
+import re
 import sys
 import warnings
 
@@ -48,6 +49,31 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message):
         fail(message)
+
+    def parse_known_args(self, args=None, namespace=None):
+        if args is None:
+            args = sys.argv[1:]
+        return super(ArgumentParser, self).parse_known_args(
+            _attach_negative_lists(list(args)), namespace)
+
+
+# A comma-separated list of integers that starts with a negative one, such
+# as the device list '-1,-1'. argparse takes '-1' for a number but '-1,-1'
+# for an option, so that '--devices -1,-1' would lack its value.
+_NEGATIVE_LIST = re.compile(r'^-\d+(\s*,\s*[+-]?\d+)+$')
+
+
+def _attach_negative_lists(args):
+    """Joins ``--option -1,-1`` into ``--option=-1,-1``."""
+    joined = []
+    for arg in args:
+        if joined and _NEGATIVE_LIST.match(arg) and \
+                joined[-1].startswith('-') and '=' not in joined[-1] and \
+                not _NEGATIVE_LIST.match(joined[-1]):
+            joined[-1] = '{}={}'.format(joined[-1], arg)
+        else:
+            joined.append(arg)
+    return joined
 
 
 def positive_int(text):
@@ -126,19 +152,21 @@ def device_list(text):
     rejected here with that module's message.
 
     Args:
-        text (str): E.g. ``'@numpy,@numpy'`` or ``'@cupy:0,@numpy'``.
+        text (str): E.g. ``'@numpy,@numpy'``, ``'-1,-1'``, ``'0,1'`` or
+            ``'@cupy:0,@numpy'`` (the forms Chainer's examples take).
 
     Returns:
-        list of str: The stripped specifiers, one per replica.
+        list of str: The canonical specifiers (``'@numpy'``,
+        ``'@cupy:N'``), one per replica.
 
     Raises:
         argparse.ArgumentTypeError: An item is invalid.
     """
     try:
-        devices_module.parse_devices(text)
+        parsed = devices_module.parse_devices(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error))
-    return devices_module.split_spec(text)
+    return [devices_module.spec_of(device) for device in parsed]
 
 
 def single_device(text):

@@ -400,8 +400,8 @@ def build_parser():
     device_group = parser.add_mutually_exclusive_group()
     device_group.add_argument(
         '--devices', type=cli.device_list, dest='devices', metavar='LIST',
-        help="comma-separated replicas: '@numpy' (may repeat) or "
-             "'@cupy:N' (default: @numpy)")
+        help="comma-separated replicas: '@numpy' or -1 (may repeat), "
+             "'@cupy:N' or N (GPU N), as in -1,-1 or 0,1 (default: @numpy)")
     device_group.add_argument('--device', type=cli.single_device,
                               dest='devices', metavar='DEVICE',
                               help='one device (alias of --devices)')

@@ -37,6 +37,39 @@ def train(model, setup_optimizer, make_updater, iterations=3, batch=6,
             for name, p in model.namedparams()}
 
 
+class Concatenated(chainer.dataset.Iterator):
+    """The batches of several iterators as one: one device's view of
+    ``CGDPUpdater``'s iterator-list form (and of
+    ``MultiprocessParallelUpdater``'s). Epochs follow the first."""
+
+    def __init__(self, iterators):
+        self.iterators = list(iterators)
+
+    def __next__(self):
+        return [example for iterator in self.iterators
+                for example in iterator.next()]
+
+    @property
+    def epoch(self):
+        return self.iterators[0].epoch
+
+    @property
+    def epoch_detail(self):
+        return self.iterators[0].epoch_detail
+
+    @property
+    def previous_epoch_detail(self):
+        return self.iterators[0].previous_epoch_detail
+
+    @property
+    def is_new_epoch(self):
+        return self.iterators[0].is_new_epoch
+
+    def serialize(self, serializer):
+        for index, iterator in enumerate(self.iterators):
+            iterator.serialize(serializer['iterator{}'.format(index)])
+
+
 def assert_same_params(expected, actual, rtol=1e-5, atol=1e-6):
     assert expected.keys() == actual.keys()
     for name in expected:

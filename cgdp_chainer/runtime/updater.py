@@ -7,6 +7,7 @@ import time
 
 import chainer
 from chainer.dataset import convert
+from chainer.dataset import iterator as iterator_module
 from chainer.training.updaters import standard_updater
 import numpy
 
@@ -113,13 +114,31 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     backward recomputes the forward behind the per-layer hand-over) and
     loss scaling.
 
+    It takes the call forms of Chainer's multi-device updaters, so that
+    switching a script is one line: ``ParallelUpdater``'s (one iterator,
+    ``devices`` a dict with a ``'main'`` key) and
+    ``MultiprocessParallelUpdater``'s (a list of iterators, one per device:
+    device ``i`` trains on iterator ``i``'s batch; epochs follow the first
+    iterator, which is ``get_iterator('main')``; snapshots hold every
+    iterator, the others as ``'replica1'``, ``'replica2'``, ...). Unless
+    ``reduction`` is given, the result is what the switched script trained
+    before (see ``reduction``).
+
     Args:
         iterator: Dataset iterator for the training dataset (or a dict with
-            a ``'main'`` one), as for ``StandardUpdater``.
+            a ``'main'`` one), as for ``StandardUpdater``, whose batch is
+            split over the devices; or a list or tuple of iterators, one
+            per device, as for ``MultiprocessParallelUpdater``.
         optimizer (chainer.GradientMethod): Set up on the model to train;
             its hooks and state live on the host.
-        devices (str or sequence): Device specifiers, one per replica:
-            ``'@numpy'`` (may repeat) or ``'@cupy:N'``.
+        devices (str, sequence or dict): The devices, one per replica: a
+            list or tuple, a comma-separated string, or a dict with a
+            ``'main'`` key (main first, then the others in the dict's
+            order). Each is ``'@numpy'`` or a negative integer (a CPU
+            replica; may repeat), ``'@cupy:N'`` or an integer ``N >= 0``
+            (GPU ``N``), integers also as strings (``'-1'``), or a
+            ``chainer.backend.Device`` of those kinds. ChainerX and iDeep
+            devices are refused.
         chunk_size (int, sequence, str, callable or None): Layers per chunk,
             counted in backward order from the output end (a shorter
             remainder is the input-side chunk); or the layer indices, in
@@ -136,9 +155,23 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         chunk_bytes (int or None): Instead of ``chunk_size``: consecutive
             layers join a chunk until it holds at least this many bytes of
             parameters (PyTorch DDP's buckets).
-        reduction (str): ``'mean'``: the result equals one device training
-            on the whole batch (``StandardUpdater``); ``'sum'``: it equals
-            ``ParallelUpdater``.
+        reduction (str or None): ``'mean'``: the devices' gradients are
+            averaged, weighted by each device's share of the examples, so
+            the result equals one device training on the whole batch (the
+            concatenated batches in the list form), as ``StandardUpdater``;
+            ``'sum'``: they are summed, as ``ParallelUpdater`` and
+            ``MultiprocessParallelUpdater`` sum them. ``None`` (default)
+            chooses from the call form, so that a switched script trains
+            what it trained before: ``'sum'`` for a dict of devices
+            (``ParallelUpdater``'s parameters); ``'mean'`` for a list of
+            iterators, which equals ``MultiprocessParallelUpdater``'s result
+            (summed gradients with ``lr / N``, or Adam's ``eps * N``) with
+            the optimizer's hyperparameters as the user set them (with
+            batches of equal sizes; with unequal ones ``'mean'`` weighs
+            each device by its batch size, MPU weighs them equally); and
+            ``'mean'`` for one iterator with a list of devices
+            (``StandardUpdater``'s result). The choice is
+            ``updater.reduction``.
         converter: Converter for each device's share of the batch; it is
             called in this process with the CPU device, and the arrays are
             sent to the replica's device there. It may return arrays and
@@ -161,25 +194,32 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     """
 
     def __init__(self, iterator, optimizer, devices, chunk_size=None,
-                 reduction='mean', converter=convert.concat_examples,
+                 reduction=None, converter=convert.concat_examples,
                  loss_func=None, timeline=None, blas_threads=None,
                  host_threads=None, mpi_comm=None, auto_new_epoch=True,
                  workers='process', start_method='spawn', chunk_bytes=None):
-        _check_arguments(devices, reduction, timeline, blas_threads,
-                         host_threads, workers, start_method, converter,
-                         loss_func)
+        _check_arguments(reduction, timeline, blas_threads, host_threads,
+                         workers, start_method, converter, loss_func)
+        self._devices = devices_module.parse_devices(devices)
+        # One iterator per device (MultiprocessParallelUpdater's form), or
+        # None: the devices split the 'main' iterator's batch.
+        self._device_iterators = _device_iterators(iterator,
+                                                   len(self._devices))
+        if self._device_iterators is not None:
+            iterator = _iterator_names(self._device_iterators)
         super(CGDPUpdater, self).__init__(
             iterator, optimizer, converter=converter, loss_func=loss_func,
             auto_new_epoch=auto_new_epoch)
-        self._devices = devices_module.parse_devices(devices)
-        self.reduction = reduction
+        self.reduction = reduction if reduction is not None else \
+            default_reduction(devices, self._device_iterators is not None)
         self.timeline = timeline
         self.workers = workers
         self._start_method = start_method
         self._blas_threads = blas_threads
         self._host_threads = host_threads or max(1, min(4, blas.cpu_cores()))
         batch_size = getattr(self.get_iterator('main'), 'batch_size', None)
-        if batch_size is not None and batch_size < len(self._devices):
+        if self._device_iterators is None and batch_size is not None and \
+                batch_size < len(self._devices):
             raise ValueError(
                 'batch size {} is smaller than the number of devices ({}): '
                 'every device needs at least one example'.format(
@@ -435,19 +475,17 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         if self._device_view is not None:
             self._device_view.restore()  # after an evaluation that raised
         iterator = self.get_iterator('main')
-        batch = iterator.next()
+        batches, batch = self._next_batches()
         n = len(self._devices)
-        if len(batch) < n:
-            raise ValueError(
-                'the batch has {} examples, fewer than the {} devices'.format(
-                    len(batch), n))
         host = chainer.get_device('@numpy')
         first_reports = None
         if self._replicas is None:
-            first_reports = self._start(batch)
-        inputs = [convert._call_converter(self.converter, batch[i::n], host)
-                  for i in range(n)]
-        shares = [len(batch[i::n]) / len(batch) for i in range(n)]
+            first_reports = self._start(batch, batches[0])
+        inputs = [convert._call_converter(self.converter, share, host)
+                  for share in batches]
+        # Each device's weight in 'mean': its fraction of the examples (the
+        # iterators of the list form may give batches of different sizes).
+        shares = [len(share) / len(batch) for share in batches]
 
         timeline = self.timeline
         start = timeline.now() if timeline is not None else None
@@ -511,10 +549,39 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         if self.auto_new_epoch and iterator.is_new_epoch:
             self.get_optimizer('main').new_epoch(auto=True)
 
-    def _start(self, batch):
+    def _next_batches(self):
+        """This iteration's examples.
+
+        Returns:
+            tuple: The examples of each device (a share of the 'main'
+            iterator's batch, or each iterator's batch in the list form),
+            and the whole batch (for the first iteration's forward on the
+            master).
+        """
+        n = len(self._devices)
+        if self._device_iterators is None:
+            batch = self.get_iterator('main').next()
+            if len(batch) < n:
+                raise ValueError(
+                    'the batch has {} examples, fewer than the {} '
+                    'devices'.format(len(batch), n))
+            return [batch[i::n] for i in range(n)], batch
+        batches = [list(it.next()) for it in self._device_iterators]
+        for index, share in enumerate(batches):
+            if not share:
+                raise ValueError('the iterator of device {} gave an empty '
+                                 'batch'.format(index))
+        return batches, [example for share in batches for example in share]
+
+    def _start(self, batch, sample):
         """Initializes lazy parameters, checks the MPI ranks, chooses the
         chunk size if a chooser is waiting, then builds the replicas, the
         host accumulator and starts the workers.
+
+        Args:
+            batch (list): The whole first batch.
+            sample (list): The first device's examples (for the chooser's
+                profile).
 
         Returns:
             dict: Values with their graphs to report for the first iteration
@@ -543,9 +610,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                  for index, device in enumerate(self._devices)],
                 rank=getattr(self._allreducer, 'rank', None))
         if self._chooser is not None:
-            n = len(self._devices)
             self._choose_chunk_size(master, convert._call_converter(
-                self.converter, batch[0::n], host))
+                self.converter, sample, host))
         if self.workers == 'process':
             replicas = channels.ProcessReplicas(
                 master, self._devices, self.loss_func, self._failures,
@@ -706,18 +772,81 @@ def _describe_error(error):
     return '{}: {}'.format(type(error).__name__, lines[-1].strip())
 
 
-def _check_arguments(devices, reduction, timeline, blas_threads,
-                     host_threads, workers, start_method, converter,
-                     loss_func):
-    """Raises ValueError naming the first wrong argument of CGDPUpdater."""
-    if devices is None or not isinstance(devices, (str, list, tuple)):
+def default_reduction(devices, iterator_list):
+    """The reduction that keeps a switched script's result (see
+    ``CGDPUpdater``'s ``reduction``).
+
+    Args:
+        devices: The ``devices`` argument as given.
+        iterator_list (bool): Whether one iterator per device was given.
+
+    Returns:
+        str: ``'mean'`` for one iterator per device (the result of
+        ``MultiprocessParallelUpdater`` without its changes to the
+        hyperparameters) and for a list of devices (``StandardUpdater``'s);
+        ``'sum'`` for a dict of devices (``ParallelUpdater``'s).
+    """
+    if not iterator_list and isinstance(devices, dict):
+        return 'sum'
+    return 'mean'
+
+
+ITERATOR_FORMS = ('a chainer.dataset.Iterator, a dict of them with a '
+                  "'main' key, or a list or tuple of them, one per device "
+                  "(MultiprocessParallelUpdater's form)")
+
+
+def _device_iterators(iterator, n_devices):
+    """Checks ``iterator``; returns the list of one iterator per device, or
+    None for a single iterator (or a dict of them) whose batch the devices
+    split.
+
+    Raises:
+        ValueError: A wrong type, a dict without ``'main'``, or a list
+            whose length differs from the devices' count.
+    """
+    if isinstance(iterator, iterator_module.Iterator):
+        return None
+    if isinstance(iterator, dict):
+        if 'main' not in iterator:
+            raise ValueError(
+                "iterator is a dict without a 'main' key (keys: {}); pass "
+                '{}'.format(sorted(map(str, iterator)), ITERATOR_FORMS))
+        return None
+    if not isinstance(iterator, (list, tuple)):
+        raise ValueError('iterator must be {}; got {!r}'.format(
+            ITERATOR_FORMS, iterator))
+    for index, item in enumerate(iterator):
+        if not isinstance(item, iterator_module.Iterator):
+            raise ValueError(
+                'iterator {} of the list is a {}, not a '
+                'chainer.dataset.Iterator; iterator must be {}'.format(
+                    index, type(item).__name__, ITERATOR_FORMS))
+    if len(iterator) != n_devices:
         raise ValueError(
-            'devices must be a list of device specifiers, one per replica '
-            "(such as ['@numpy', '@numpy'] or ['@cupy:0', '@cupy:1']) or a "
-            "comma-separated string; got {!r}".format(devices))
-    if reduction not in REDUCTIONS:
-        raise ValueError('unknown reduction {!r}; valid: {}'.format(
-            reduction, ', '.join(REDUCTIONS)))
+            'iterator is a list of {} iterators for {} devices; give one '
+            'iterator per device'.format(len(iterator), n_devices))
+    return list(iterator)
+
+
+def _iterator_names(iterators):
+    """The list form's iterators by name, the first as ``'main'`` (whose
+    epoch the trainer follows): StandardUpdater snapshots and finalizes
+    every named iterator."""
+    named = collections.OrderedDict([('main', iterators[0])])
+    for index, iterator in enumerate(iterators[1:], start=1):
+        named['replica{}'.format(index)] = iterator
+    return named
+
+
+def _check_arguments(reduction, timeline, blas_threads, host_threads,
+                     workers, start_method, converter, loss_func):
+    """Raises ValueError naming the first wrong argument of CGDPUpdater
+    (``devices`` and ``iterator`` are checked where they are parsed)."""
+    if reduction is not None and reduction not in REDUCTIONS:
+        raise ValueError('unknown reduction {!r}; valid: {} or None (chosen '
+                         'from the call form)'.format(
+                             reduction, ', '.join(REDUCTIONS)))
     if workers not in WORKER_KINDS:
         raise ValueError('unknown workers {!r}; valid: {}'.format(
             workers, ', '.join(WORKER_KINDS)))

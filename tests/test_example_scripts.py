@@ -1,0 +1,111 @@
+"""Scripts in the shape of Chainer 7.8.1's multi-device examples, switched
+to CGDP with one line: each trains through a Trainer with its extensions,
+on CPU devices given as -1, and ends with the parameters of the updater it
+replaced (ParallelUpdater itself; for MultiprocessParallelUpdater, which
+needs GPUs, its arithmetic: StandardUpdater on the concatenated batches)."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy
+import pytest
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+SCRIPTS = os.path.join(TESTS, 'example_scripts')
+ROOT = os.path.dirname(TESTS)
+N_TRAIN = 48
+N_TEST = 16
+
+
+@pytest.fixture(scope='module')
+def dataset_root(tmp_path_factory):
+    """MNIST-shaped random arrays where chainer.datasets.get_mnist caches
+    its download."""
+    root = tmp_path_factory.mktemp('datasets')
+    folder = root / 'pfnet' / 'chainer' / 'mnist'
+    folder.mkdir(parents=True)
+    rng = numpy.random.RandomState(0)
+    for name, n in (('train.npz', N_TRAIN), ('test.npz', N_TEST)):
+        numpy.savez_compressed(
+            str(folder / name),
+            x=rng.randint(0, 256, size=(n, 784)).astype(numpy.uint8),
+            y=rng.randint(0, 10, size=n).astype(numpy.uint8))
+    return str(root)
+
+
+def _run(script, out, dataset_root, *args):
+    env = dict(os.environ, CHAINER_DATASET_ROOT=dataset_root,
+               PYTHONPATH=os.pathsep.join([ROOT, TESTS]))
+    completed = subprocess.run(
+        [sys.executable, os.path.join(SCRIPTS, script), '--out', str(out)]
+        + list(args), env=env, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    return completed
+
+
+def _log(out):
+    with open(os.path.join(str(out), 'log')) as f:
+        return json.load(f)
+
+
+def _assert_same_npz(expected_path, actual_path):
+    with numpy.load(expected_path) as expected, \
+            numpy.load(actual_path) as actual:
+        assert sorted(expected.files) == sorted(actual.files)
+        assert expected.files
+        for name in expected.files:
+            numpy.testing.assert_allclose(actual[name], expected[name],
+                                          rtol=1e-5, atol=1e-6,
+                                          err_msg=name)
+
+
+@pytest.mark.slow
+def test_parallel_updater_example_switched(tmp_path, dataset_root):
+    script = 'train_mnist_data_parallel.py'
+    devices = ['--device0', '-1', '--device1', '-1']
+    _run(script, tmp_path / 'parallel', dataset_root, '--updater',
+         'parallel', *devices)
+    _run(script, tmp_path / 'cgdp', dataset_root, '--updater', 'cgdp',
+         *devices)
+    # 48 examples, 12 a batch, 2 epochs.
+    log = _log(tmp_path / 'cgdp')
+    assert [entry['iteration'] for entry in log] == [4, 8]
+    assert all('validation/main/loss' in entry for entry in log)
+    assert (tmp_path / 'cgdp' / 'snapshot_iter_8').exists()
+    _assert_same_npz(str(tmp_path / 'parallel' / 'model.npz'),
+                     str(tmp_path / 'cgdp' / 'model.npz'))
+
+
+@pytest.mark.slow
+def test_multiprocess_parallel_updater_mnist_example_switched(
+        tmp_path, dataset_root):
+    script = 'train_mnist_data_parallel_updater.py'
+    args = ['--devices', '-1', '-1', '--ljob', '2']
+    _run(script, tmp_path / 'standard', dataset_root, '--updater',
+         'standard', *args)
+    _run(script, tmp_path / 'cgdp', dataset_root, '--updater', 'cgdp', *args)
+    # Two iterators of 24 examples, 6 a batch, 2 epochs of the first.
+    log = _log(tmp_path / 'cgdp')
+    assert [entry['iteration'] for entry in log] == [4, 8]
+    assert all('validation/main/loss' in entry for entry in log)
+    assert (tmp_path / 'cgdp' / 'snapshot_iter_8').exists()
+    _assert_same_npz(str(tmp_path / 'standard' / 'model.npz'),
+                     str(tmp_path / 'cgdp' / 'model.npz'))
+
+
+@pytest.mark.slow
+def test_multiprocess_parallel_updater_imagenet_example_switched(
+        tmp_path, dataset_root):
+    script = 'train_imagenet_data_parallel.py'
+    args = ['--devices', '-1', '-1', '--test']
+    _run(script, tmp_path / 'standard', dataset_root, '--updater',
+         'standard', *args)
+    _run(script, tmp_path / 'cgdp', dataset_root, '--updater', 'cgdp', *args)
+    # Two iterators of 24 examples, 4 a batch, 1 epoch.
+    log = _log(tmp_path / 'cgdp')
+    assert [entry['iteration'] for entry in log] == [6]
+    assert log[0]['lr'] == pytest.approx(0.01)  # the user's, unchanged
+    assert 'validation/main/loss' in log[0]
+    _assert_same_npz(str(tmp_path / 'standard' / 'model_iter_6'),
+                     str(tmp_path / 'cgdp' / 'model_iter_6'))
