@@ -18,6 +18,7 @@ changes at the start of the next ``update()``:
   ``update()`` (GPU replicas, which hold device copies, must then get the
   master's values again).
 """
+import collections
 import copy
 
 import numpy
@@ -33,38 +34,39 @@ class MasterStructure(object):
     """
 
     def __init__(self, master):
-        self._params = [(name, param, param.array.shape, param.array.dtype)
-                        for name, param in master.namedparams()]
+        self._params = collections.OrderedDict(
+            (name, (param, param.array.shape, param.array.dtype))
+            for name, param in master.namedparams())
 
     def check(self, master):
         """Raises ValueError naming the first parameter whose structure
-        changed: a parameter per name, one identity check each where
-        nothing changed.
+        changed: one identity check per parameter where nothing changed.
 
         Args:
             master (chainer.Link): The master now.
         """
-        current = list(master.namedparams())
-        known = {name for name, _, _, _ in self._params}
-        for name, _ in current:
-            if name not in known:
+        seen = 0
+        for name, param in master.namedparams():
+            known = self._params.get(name)
+            if known is None:
                 _refuse(name, 'was added')
-        if len(current) != len(self._params):
-            names = {name for name, _ in current}
-            for name, _, _, _ in self._params:
-                if name not in names:
-                    _refuse(name, 'was removed')
-        for (name, param), (_, original, shape, dtype) in zip(
-                current, self._params):
+            seen += 1
+            original, shape, dtype = known
             if param is not original:
                 _refuse(name, 'is a new Parameter (its link was replaced '
                         'or the parameter reassigned)')
-            array = param.array
-            if array is None:
+            # No local reference to the array: a traceback kept by the
+            # caller must not keep the shared arena mapped.
+            if param.array is None:
                 _refuse(name, 'is now uninitialized')
-            if array.shape != shape or array.dtype != dtype:
+            if param.shape != shape or param.dtype != dtype:
                 _refuse(name, 'changed from {} {} to {} {}'.format(
-                    shape, dtype, array.shape, array.dtype))
+                    shape, dtype, param.shape, param.dtype))
+        if seen != len(self._params):
+            names = {name for name, _ in master.namedparams()}
+            for name in self._params:
+                if name not in names:
+                    _refuse(name, 'was removed')
 
 
 def _refuse(name, what):
