@@ -213,4 +213,7 @@ class _WatchedTrigger(object):
         return fired
 
     def __getattr__(self, name):
+        if name.startswith('__') or name == '_trigger':
+            # copy and pickle look these up before __init__ has run.
+            raise AttributeError(name)
         return getattr(self._trigger, name)

@@ -85,23 +85,23 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     The optimizer's target (the user's model) is the master: it is moved to
     host memory, and it holds the trained parameters whenever trainer
     extensions run and after training. It is also the truth between
-    iterations: each ``update()`` first checks every master parameter's
-    identity (refusing, by name, a parameter added, removed, reshaped,
-    retyped, uninitialized or replaced with its link), makes replicas use
-    replaced arrays, sends persistent values the user changed to every
-    replica, and gives GPU replicas every parameter again whenever user code
-    may have run since the last ``update()`` (outside a Trainer's loop, or
-    after an extension that may write the model). Host replicas read the
-    master's own arrays, so this costs them an identity check per parameter,
-    while GPU replicas hold copies, which cannot tell an in-place edit
-    without a copy.
-    BatchNormalization statistics stay per device; those of the first
-    device are copied to the master before anything may read them: within
-    a Trainer's loop before an extension that may read the model runs, and
-    in :meth:`serialize` and :meth:`finalize` (:meth:`sync_persistents`
-    on demand); outside a Trainer's loop after every ``update()``. So
-    evaluation and snapshots use the first replica's, as with
-    ``ParallelUpdater``, whose main model is the first device's.
+    iterations, as for ``StandardUpdater``: each ``update()`` first checks
+    every master parameter's identity (a parameter added, removed, reshaped,
+    retyped, uninitialized or with its link replaced is refused by name),
+    lets host replicas, which read the master's own arrays, follow replaced
+    ones, sends changed persistent values to every replica, and gives GPU
+    replicas every parameter again if user code may have run since the last
+    ``update()``. Host replicas so pay an identity check per parameter; GPU
+    replicas hold copies, which no check short of a copy can vouch for, so
+    they pay a copy only where user code may have run: outside a Trainer's
+    loop, or after one of its extensions that may write the model.
+    BatchNormalization statistics stay per device; those of the first are
+    copied to the master before anything may read them: in a Trainer's loop
+    before an extension that may read the model, in :meth:`serialize`,
+    :meth:`finalize` and :meth:`sync_persistents`, and outside a Trainer's
+    loop after every ``update()``. So evaluation and snapshots use the
+    first replica's, as with ``ParallelUpdater``, whose main model is the
+    first device's.
     Reported values (``main/loss``, ...) are the batch-weighted means over
     the devices, as Variables when the model reported Variables; at the
     first iteration, when ``chainer.config.keep_graph_on_report`` is on (as
