@@ -37,6 +37,7 @@ class MasterStructure(object):
         self._params = collections.OrderedDict(
             (name, (param, param.array.shape, param.array.dtype))
             for name, param in master.namedparams())
+        self._known = list(self._params.values())
 
     def check(self, master):
         """Raises ValueError naming the first parameter whose structure
@@ -45,28 +46,46 @@ class MasterStructure(object):
         Args:
             master (chainer.Link): The master now.
         """
-        seen = 0
+        known = self._known
+        count = 0
+        # params() walks the links as namedparams() does, without making
+        # the names, which only an error needs.
+        for param in master.params():
+            if count == len(known):
+                break
+            original, shape, dtype = known[count]
+            array = param.array
+            if param is not original or array is None or \
+                    array.shape != shape or array.dtype != dtype:
+                break
+            count += 1
+        else:
+            if count == len(known):
+                return
+        array = None  # see _explain
+        self._explain(master)
+
+    def _explain(self, master):
+        """Raises the error naming what changed (no local reference to an
+        array: a traceback the caller keeps must not keep the shared arena
+        mapped)."""
         for name, param in master.namedparams():
             known = self._params.get(name)
             if known is None:
                 _refuse(name, 'was added')
-            seen += 1
             original, shape, dtype = known
             if param is not original:
                 _refuse(name, 'is a new Parameter (its link was replaced '
                         'or the parameter reassigned)')
-            # No local reference to the array: a traceback kept by the
-            # caller must not keep the shared arena mapped.
             if param.array is None:
                 _refuse(name, 'is now uninitialized')
             if param.shape != shape or param.dtype != dtype:
                 _refuse(name, 'changed from {} {} to {} {}'.format(
                     shape, dtype, param.shape, param.dtype))
-        if seen != len(self._params):
-            names = {name for name, _ in master.namedparams()}
-            for name in self._params:
-                if name not in names:
-                    _refuse(name, 'was removed')
+        names = {name for name, _ in master.namedparams()}
+        for name in self._params:
+            if name not in names:
+                _refuse(name, 'was removed')
 
 
 def _refuse(name, what):
@@ -83,31 +102,40 @@ class PersistentsRecord(object):
     persistent values, to notice the user's changes.
 
     Args:
-        values (dict): From :func:`~cgdp_chainer.runtime.worker
-            .save_persistents` of the master.
+        master (chainer.Link): The master; its persistent values now are
+            the first remembered.
     """
 
-    def __init__(self, values):
-        self.remember(values)
+    def __init__(self, master):
+        # Keys as cgdp_chainer.runtime.worker.save_persistents makes them.
+        self._slots = [(path + '/' + name, link, name)
+                       for path, link in master.namedlinks()
+                       for name in link._persistent]
+        self._values = {}
+        self.remember({key: link.__dict__[name]
+                       for key, link, name in self._slots})
 
     def remember(self, values):
-        """Keeps a copy of ``values`` as the master's known persistents."""
+        """Keeps a copy of ``values`` (by key, as ``save_persistents``
+        gives them) as the master's known persistent values."""
         self._values = {key: copy.deepcopy(value)
                         for key, value in values.items()}
 
-    def changed(self, values):
-        """Whether the master's ``values`` differ from the remembered ones."""
-        if values.keys() != self._values.keys():
-            return True
-        for key, value in values.items():
-            known = self._values[key]
-            if hasattr(value, 'shape') or hasattr(known, 'shape'):
-                if not (hasattr(value, 'shape') and hasattr(known, 'shape')
-                        and numpy.array_equal(value, known)):
-                    return True
-            elif value != known:
+    def changed(self):
+        """Whether any of the master's persistent values differs from the
+        remembered one (bit for bit)."""
+        for key, link, name in self._slots:
+            if _differ(link.__dict__[name], self._values.get(key)):
                 return True
         return False
+
+
+def _differ(value, known):
+    if hasattr(value, 'shape') or hasattr(known, 'shape'):
+        return not (hasattr(value, 'shape') and hasattr(known, 'shape')) or \
+            value.shape != known.shape or value.dtype != known.dtype or \
+            numpy.asarray(value).tobytes() != numpy.asarray(known).tobytes()
+    return value != known
 
 
 # Extensions that neither read the model's persistent values nor write the

@@ -523,8 +523,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             if edited or not port.is_gpu:
                 for chunk, names in enumerate(self._chunk_names):
                     port.publish(chunk, names)
-        if edited and self._has_persistents and self._persistents.changed(
-                worker_module.save_persistents(master)):
+        if edited and self._has_persistents and self._persistents.changed():
             self._refresh_persistents = True
             self._persistents_stale = False
 
@@ -591,8 +590,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self._choose_chunk_size(master, convert._call_converter(
                 self.converter, batch[0::n], host))
         self._structure = master_module.MasterStructure(master)
-        self._persistents = master_module.PersistentsRecord(
-            worker_module.save_persistents(master))
+        self._persistents = master_module.PersistentsRecord(master)
         if self.workers == 'process':
             replicas = channels.ProcessReplicas(
                 master, self._devices, self.loss_func, self._failures,
