@@ -357,3 +357,26 @@ def test_an_extension_replacing_arrays_equals_standard_updater(tmp_path,
         return {name: p.array.copy() for name, p in model.namedparams()}
 
     assert_same_params(run(standard), run(cgdp(2, workers=workers)))
+
+
+def test_an_unattended_block_fetches_statistics_once_at_its_end():
+    expected = _manual_statistics('thread', 4)
+    model = L.Classifier(BatchNormNet())
+    iterator = chainer.iterators.SerialIterator(staged_models.dataset(), 6,
+                                                shuffle=False)
+    updater = cgdp_chainer.CGDPUpdater(iterator, momentum(model),
+                                       ['@numpy'] * 2, workers='thread')
+    try:
+        updater.update()
+        with updater.unattended():
+            for _ in range(3):
+                updater.update()
+            # The first update of the block takes what came before it.
+            assert updater.persistents_fetches == 2
+        assert updater.persistents_fetches == 3
+        numpy.testing.assert_array_equal(model.predictor.bn.avg_mean,
+                                         expected[3])
+        updater.update()  # after the block: fetched after each update
+        assert updater.persistents_fetches == 4
+    finally:
+        updater.finalize()

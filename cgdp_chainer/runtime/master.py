@@ -187,6 +187,16 @@ class TrainerWatch(object):
         self._trainer = None
         self._in_loop = False
         self._written = False
+        self._unattended = False
+
+    def set_unattended(self, unattended):
+        """Between ``set_unattended(True)`` and ``set_unattended(False)``
+        the caller promises that no code reads or writes the model between
+        updates: they then run as in a Trainer's loop whose extensions
+        leave the model alone."""
+        self._unattended = unattended
+        if not unattended:
+            self._in_loop = False  # code after the block may change it
 
     def connect(self, trainer):
         self._trainer = trainer
@@ -202,7 +212,8 @@ class TrainerWatch(object):
             (always True outside a Trainer's loop).
         """
         in_loop, written = self._in_loop, self._written
-        self._in_loop = self._written = False
+        self._in_loop = self._unattended
+        self._written = False
         self._wrap_triggers()
         return in_loop, written or not in_loop
 

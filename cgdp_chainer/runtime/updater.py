@@ -1,5 +1,6 @@
 """CGDPUpdater: CPU-GPU data parallel training as a Chainer updater."""
 import collections
+import contextlib
 import copy
 import hashlib
 import numbers
@@ -544,6 +545,22 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self._stop_replicas()
             raise self._failures.error
         self._load_replica_persistents(values)
+
+    @contextlib.contextmanager
+    def unattended(self):
+        """A block of ``update()`` calls between which no code reads or
+        writes the user's model (a timing loop, for example): GPU replicas
+        then keep their copies rather than take the master's values again at
+        each ``update()``, and the first replica's BatchNormalization
+        statistics come to the master once, when the block ends. The first
+        ``update()`` of the block still takes what code before it changed.
+        """
+        self._watch.set_unattended(True)
+        try:
+            yield self
+        finally:
+            self._watch.set_unattended(False)
+        self.sync_persistents()
 
     @property
     def persistents_fetches(self):
