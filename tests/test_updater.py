@@ -440,10 +440,15 @@ def test_timeline_records_every_phase_and_exports_a_trace(tmp_path, workers):
     path = tmp_path / 'trace.json'
     timeline.export_chrome_trace(str(path))
     trace = json.loads(path.read_text())
-    assert len(trace['traceEvents']) == len(timeline.events)
-    assert {e['ph'] for e in trace['traceEvents']} == {'X'}
-    assert {e['tid'] for e in trace['traceEvents']} == {
-        'host', 'device 0', 'device 1'}
+    complete = [e for e in trace['traceEvents'] if e['ph'] == 'X']
+    assert len(complete) == len(timeline.events)
+    assert {e['ph'] for e in trace['traceEvents']} == {'X', 'M'}
+    names = {e['tid']: e['args']['name'] for e in trace['traceEvents']
+             if e['name'] == 'thread_name'}
+    tracks = {names[e['tid']] for e in complete}
+    assert {'replica 0 @numpy', 'replica 1 @numpy'} <= tracks
+    assert all(name.startswith(('replica', 'host thread cgdp-host'))
+               for name in tracks)
 
 
 @pytest.mark.parametrize('workers', WORKERS)

@@ -142,6 +142,9 @@ class ThreadReplicas(object):
                 job = self._jobs[index].get()
                 if job is None:
                     return
+                if job is _FETCH_PERSISTENTS:
+                    self._fetch(replica, where)
+                    continue
                 job, in_arrays = job
                 try:
                     if not self.failures.failed:
@@ -156,6 +159,32 @@ class ThreadReplicas(object):
                     with self._cond:
                         self._pending -= 1
                         self._cond.notify_all()
+
+    def _fetch(self, replica, where):
+        """Reads the replica's persistent values in its own thread (on a
+        GPU, after its queued work, on its stream)."""
+        try:
+            values = worker_module.save_persistents(replica)
+            with self._cond:
+                self._results = values
+        except BaseException as error:
+            self.failures.fail(error, where)
+        finally:
+            with self._cond:
+                self._pending -= 1
+                self._cond.notify_all()
+
+    def fetch_persistents(self, index):
+        """Replica ``index``'s persistent values, on the host (None if
+        something failed)."""
+        with self._cond:
+            self._results = None
+            self._pending = 1
+        self._jobs[index].put(_FETCH_PERSISTENTS)
+        with self._cond:
+            while self._pending > 0 and not self.failures.failed:
+                self._cond.wait(POLL_SECONDS)
+        return None if self.failures.failed else self._results
 
     def run(self, jobs, inputs):
         """Runs one iteration on every replica and waits for them.
@@ -181,6 +210,10 @@ class ThreadReplicas(object):
             thread.join(timeout=60)
         for port in self.ports:
             port.close()
+
+
+# Asks a replica's thread or worker process for its persistent values.
+_FETCH_PERSISTENTS = 'persistents'
 
 
 class _ThreadLink(object):
@@ -383,6 +416,18 @@ class ProcessReplicas(object):
                 self._cond.wait(POLL_SECONDS)
         return None if self.failures.failed else list(self._results)
 
+    def fetch_persistents(self, index):
+        """Worker ``index``'s persistent values, through its pipe (None if
+        something failed)."""
+        with self._cond:
+            self._results = None
+            self._pending = 1
+        self._send(index, (_FETCH_PERSISTENTS,))
+        with self._cond:
+            while self._pending > 0 and not self.failures.failed:
+                self._cond.wait(POLL_SECONDS)
+        return None if self.failures.failed else self._results
+
     def round_trip_seconds(self, repeats=100):
         """Median time of a message to every worker and its answer back
         (the cost of one chunk signal each way)."""
@@ -460,6 +505,11 @@ class ProcessReplicas(object):
                 index, self.devices[index]))
             self._broadcast(('abort',))
             with self._cond:
+                self._cond.notify_all()
+        elif kind == _FETCH_PERSISTENTS:
+            with self._cond:
+                self._results = message[1]
+                self._pending -= 1
                 self._cond.notify_all()
         elif kind == 'pong':
             with self._cond:
@@ -722,6 +772,9 @@ class _WorkerServer(object):
             item = self.jobs.get()
             if item is None:
                 break
+            if item == _FETCH_PERSISTENTS:
+                self._send_persistents()
+                continue
             job, description = item
             self.abort.clear()
             try:
@@ -736,6 +789,14 @@ class _WorkerServer(object):
                                   traceback.format_exc()))
         self.link.close()
         self.batches.close()
+
+    def _send_persistents(self):
+        try:
+            values = worker_module.save_persistents(self.worker.replica)
+        except BaseException:
+            self.sender.send(('error', None, traceback.format_exc()))
+            return
+        self.sender.send((_FETCH_PERSISTENTS, values))
 
     def _receive(self, conn):
         try:
@@ -757,6 +818,9 @@ class _WorkerServer(object):
                 self.jobs.put((message[1], message[2]))
             elif kind == 'published':
                 self.transfer.publish(message[1], message[2])
+            elif kind == _FETCH_PERSISTENTS:
+                # In the serving thread, after the iteration's work.
+                self.jobs.put(_FETCH_PERSISTENTS)
             elif kind == 'abort':
                 self.abort.set()
             elif kind == 'ping':

@@ -292,7 +292,9 @@ class SharedMaster(object):
 
     Update rules that rebind a parameter's array instead of writing in place
     are followed by :meth:`sync`, which copies the new values back into the
-    arena, so workers always read the current weights.
+    arena, so workers always read the current weights; so is user code that
+    replaced an array between iterations (the updater syncs every parameter
+    at the start of each ``update()``).
 
     Args:
         master_params (dict): Parameter path -> master parameter.
@@ -338,12 +340,12 @@ class WorkerPort(object):
             GPU workers, which copy a chunk in as soon as it is published.
     """
 
-    is_gpu = False
-
     def __init__(self, slots, master, send=None):
         self.slots = slots
         self._master = master
         self._send = send
+        # A GPU worker holds device copies of the master's values.
+        self.is_gpu = send is not None
 
     def wait_grads(self, ready):
         """The worker announced the chunk after its copy was complete."""

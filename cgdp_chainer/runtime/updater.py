@@ -1,5 +1,6 @@
 """CGDPUpdater: CPU-GPU data parallel training as a Chainer updater."""
 import collections
+import contextlib
 import copy
 import hashlib
 import numbers
@@ -17,6 +18,7 @@ from cgdp_chainer import chunking
 from cgdp_chainer import devices as devices_module
 from cgdp_chainer.runtime import channels
 from cgdp_chainer.runtime import device_view
+from cgdp_chainer.runtime import master as master_module
 from cgdp_chainer.runtime import readiness
 from cgdp_chainer.runtime import worker as worker_module
 
@@ -85,10 +87,24 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     Usable wherever :class:`~chainer.training.updaters.ParallelUpdater` is.
     The optimizer's target (the user's model) is the master: it is moved to
     host memory, and it holds the trained parameters whenever trainer
-    extensions run and after training. BatchNormalization statistics stay
-    per device; after each iteration those of the first device are copied
-    to the master, so evaluation and snapshots use the first replica's, as
-    with ``ParallelUpdater``, whose main model is the first device's.
+    extensions run and after training. It is also the truth between
+    iterations, as for ``StandardUpdater``: each ``update()`` first checks
+    every master parameter's identity (a parameter added, removed, reshaped,
+    retyped, uninitialized or with its link replaced is refused by name),
+    lets host replicas, which read the master's own arrays, follow replaced
+    ones, sends changed persistent values to every replica, and gives GPU
+    replicas every parameter again if user code may have run since the last
+    ``update()``. Host replicas so pay an identity check per parameter; GPU
+    replicas hold copies, which no check short of a copy can vouch for, so
+    they pay a copy only where user code may have run: outside a Trainer's
+    loop, or after one of its extensions that may write the model.
+    BatchNormalization statistics stay per device; those of the first are
+    copied to the master before anything may read them: in a Trainer's loop
+    before an extension that may read the model, in :meth:`serialize`,
+    :meth:`finalize` and :meth:`sync_persistents`, and outside a Trainer's
+    loop after every ``update()``. So evaluation and snapshots use the
+    first replica's, as with ``ParallelUpdater``, whose main model is the
+    first device's.
     Reported values (``main/loss``, ...) are the batch-weighted means over
     the devices, as Variables when the model reported Variables; at the
     first iteration, when ``chainer.config.keep_graph_on_report`` is on (as
@@ -253,6 +269,11 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         self._refresh_persistents = False
         self._has_persistents = any(
             link._persistent for _, link in master.namedlinks())
+        self._structure = None    # MasterStructure, once replicas exist
+        self._persistents = None  # PersistentsRecord, once replicas exist
+        self._persistents_stale = False  # replica 0 has newer ones
+        self._persistents_fetches = 0
+        self._watch = master_module.TrainerWatch(self.sync_persistents)
         self._closed = False
         # Evaluator(..., device=devices[0]) evaluates there, as with
         # ParallelUpdater (the model itself stays in host memory).
@@ -261,6 +282,13 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self._device_view = device_view.DeviceView(
                 master, self._devices[0], lambda: self.iteration)
             self._device_view.install()
+
+    def connect_trainer(self, trainer):
+        """Follows ``trainer``'s extensions: replica 0's BatchNormalization
+        statistics come to the master before one that may read the model
+        runs, rather than after every iteration."""
+        super(CGDPUpdater, self).connect_trainer(trainer)
+        self._watch.connect(trainer)
 
     # -- chunking ---------------------------------------------------------
 
@@ -460,6 +488,10 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                 'build a new one to train on'.format(
                     '' if error is None else ' ({})'.format(
                         _describe_error(error))))
+        if self._structure is not None:
+            # Refused before any work, so the updater stays usable once
+            # the user undoes the change.
+            self._structure.check(self.get_optimizer('main').target)
         try:
             self._iterate()
         except BaseException as error:
@@ -474,6 +506,9 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     def _iterate(self):
         if self._device_view is not None:
             self._device_view.restore()  # after an evaluation that raised
+        in_loop, edited = self._watch.start_update()
+        if self._replicas is not None:
+            self._take_user_edits(edited)
         iterator = self.get_iterator('main')
         batches, batch = self._next_batches()
         n = len(self._devices)
@@ -496,6 +531,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self.get_optimizer('main').target)
             if self._refresh_persistents else None)
         self._refresh_persistents = False
+        if refresh is not None:
+            self._persistents.remember(refresh)
         config = worker_module.caller_config()
         forming = self._plan is None
         plan = None if forming or self._plan_sent else self._plan
@@ -504,7 +541,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             iteration=self.iteration, seed=seeds[i], plan=plan,
             fingerprint=None if forming else self._plan.fingerprint,
             record_events=timeline is not None,
-            send_persistents=(i == 0 and self._has_persistents),
+            send_persistents=(i == 0 and self._has_persistents and
+                              not in_loop),
             persistents=refresh, config=config) for i in range(n)]
         self._accumulator.start_iteration(self.iteration, shares)
         search_start = time.perf_counter()
@@ -517,10 +555,10 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self._stop_replicas()
             raise self._failures.error
 
-        master = self.get_optimizer('main').target
         if results[0].persistents is not None:
-            worker_module.load_persistents(master, results[0].persistents,
-                                           host)
+            self._load_replica_persistents(results[0].persistents)
+        else:
+            self._persistents_stale = self._has_persistents
         self._report([r.observation for r in results], shares)
         if first_reports:
             chainer.report(first_reports)
@@ -548,6 +586,75 @@ class CGDPUpdater(standard_updater.StandardUpdater):
 
         if self.auto_new_epoch and iterator.is_new_epoch:
             self.get_optimizer('main').new_epoch(auto=True)
+
+    def _take_user_edits(self, edited):
+        """Makes the replicas train from the master as user code left it
+        since the last ``update()``, before any work of this one.
+
+        Args:
+            edited (bool): Whether user code may have changed the master
+                (see :meth:`TrainerWatch.start_update`); its structure was
+                checked in :meth:`update_core`.
+        """
+        for port in self._replicas.ports:
+            # Host replicas read the master's arrays: publishing costs an
+            # identity check per parameter and catches replaced arrays.
+            # GPU replicas hold copies: they take every parameter again
+            # whenever the master may have been written, in place or not.
+            if edited or not port.is_gpu:
+                for chunk, names in enumerate(self._chunk_names):
+                    port.publish(chunk, names)
+        if edited and self._has_persistents and self._persistents.changed():
+            self._refresh_persistents = True
+            self._persistents_stale = False
+
+    def sync_persistents(self):
+        """Copies the first replica's persistent values (BatchNormalization
+        statistics) into the master, if it has newer ones.
+
+        Inside a Trainer's loop they come only before an extension that may
+        read the model runs (and in :meth:`serialize` and :meth:`finalize`);
+        outside one, after every ``update()``. Call this before reading the
+        master's statistics from other code within a Trainer's loop.
+        """
+        if not self._persistents_stale or self._replicas is None or \
+                self._closed:
+            return
+        values = self._replicas.fetch_persistents(0)
+        if self._failures.failed:
+            self._stop_replicas()
+            raise self._failures.error
+        self._load_replica_persistents(values)
+
+    @contextlib.contextmanager
+    def unattended(self):
+        """A block of ``update()`` calls between which no code reads or
+        writes the user's model (a timing loop, for example): GPU replicas
+        then keep their copies rather than take the master's values again at
+        each ``update()``, and the first replica's BatchNormalization
+        statistics come to the master once, when the block ends. The first
+        ``update()`` of the block still takes what code before it changed.
+        """
+        self._watch.set_unattended(True)
+        try:
+            yield self
+        finally:
+            self._watch.set_unattended(False)
+        self.sync_persistents()
+
+    @property
+    def persistents_fetches(self):
+        """How many times the first replica's persistent values were
+        copied into the master."""
+        return self._persistents_fetches
+
+    def _load_replica_persistents(self, values):
+        worker_module.load_persistents(
+            self.get_optimizer('main').target, values,
+            chainer.get_device('@numpy'))
+        self._persistents.remember(values)
+        self._persistents_stale = False
+        self._persistents_fetches += 1
 
     def _next_batches(self):
         """This iteration's examples.
@@ -612,6 +719,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         if self._chooser is not None:
             self._choose_chunk_size(master, convert._call_converter(
                 self.converter, sample, host))
+        self._structure = master_module.MasterStructure(master)
+        self._persistents = master_module.PersistentsRecord(master)
         if self.workers == 'process':
             replicas = channels.ProcessReplicas(
                 master, self._devices, self.loss_func, self._failures,
@@ -725,6 +834,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         """Saves or restores the master weights, persistents, optimizer
         state, iterator and iteration; restoring also refreshes every
         replica from the master."""
+        if not isinstance(serializer, chainer.serializer.Deserializer):
+            self.sync_persistents()
         super(CGDPUpdater, self).serialize(serializer)
         if isinstance(serializer, chainer.serializer.Deserializer) and \
                 self._replicas is not None:
@@ -732,17 +843,23 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                 for chunk, names in enumerate(self._chunk_names):
                     port.publish(chunk, names)
             self._refresh_persistents = True
+            self._persistents_stale = False
         if isinstance(serializer, chainer.serializer.Deserializer) and \
                 self._device_view is not None:
             self._device_view.invalidate()
 
     def finalize(self):
-        """Stops every CGDP thread and worker process and closes the
-        iterators."""
-        self._stop_replicas()
-        if self._device_view is not None:
-            self._device_view.uninstall()
-        super(CGDPUpdater, self).finalize()
+        """Copies the first replica's BatchNormalization statistics into the
+        master, then stops every CGDP thread and worker process and closes
+        the iterators."""
+        try:
+            if not self._failures.failed:
+                self.sync_persistents()
+        finally:
+            self._stop_replicas()
+            if self._device_view is not None:
+                self._device_view.uninstall()
+            super(CGDPUpdater, self).finalize()
 
     def _stop_replicas(self):
         if self._closed:

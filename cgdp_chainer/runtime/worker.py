@@ -44,9 +44,12 @@ Attributes:
         whole model over as one chunk and returns its ready order.
     record_events (bool): Whether to time forward and backward per chunk.
     send_persistents (bool): Whether to return the replica's persistent
-        values (BatchNormalization statistics) after the iteration.
+        values (BatchNormalization statistics) after the iteration (asked
+        of the first replica outside a Trainer's loop; in one, the updater
+        fetches them only before the model may be read).
     persistents (dict or None): Persistent values to load first (after a
-        snapshot was restored on the host).
+        snapshot was restored on the host, or user code changed the
+        master's).
     config (dict): The caller's Chainer configuration (``train``,
         ``dtype``, ...; see :func:`caller_config`), applied for the
         iteration, so that ``with chainer.using_config('train', False):
