@@ -97,24 +97,31 @@ def run_mpi_module(module, *args, n_ranks=N_RANKS, timeout=JOB_TIMEOUT):
     return run_job(mpiexec_module_command(n_ranks, module, *args), timeout)
 
 
-def start_job(command):
+def start_job(command, env=None):
     """Starts a job in its own process group, output merged, from the
-    repository root."""
+    repository root; ``env`` overrides variables of the environment."""
+    environment = mpi_environment()
+    environment.update(env or {})
     return subprocess.Popen(
-        command, cwd=REPO_ROOT, env=mpi_environment(),
+        command, cwd=REPO_ROOT, env=environment,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         # Its own process group: on a timeout the ranks die with mpiexec.
         start_new_session=True)
 
 
-def run_job(command, timeout=JOB_TIMEOUT):
+def run_job(command, timeout=JOB_TIMEOUT, env=None):
     """Runs ``command``; kills its whole process group if it overruns.
+
+    Args:
+        command (list of str): The job's command line.
+        timeout (float): Seconds before it counts as hung.
+        env (dict or None): Variables to set in the job's environment.
 
     Returns:
         Job: The finished job.
     """
     started = time.monotonic()
-    process = start_job(command)
+    process = start_job(command, env)
     try:
         output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -245,7 +252,137 @@ def test_multi_node_cgdp_equals_one_process_with_as_many_devices(mpiexec):
     assert_ok(run_mpi('cgdp_equivalence.py'), 'cgdp')
 
 
+@pytest.mark.mpi
+def test_a_chainermn_script_switched_to_cgdp_trains_one_model(mpiexec,
+                                                              tmp_path):
+    # The script checks that both ranks end with identical parameters,
+    # equal to ChainerMN's StandardUpdater on the same global batches, with
+    # the multi-node evaluator and scatter_dataset around it.
+    job = run_mpi('chainermn_switch.py', str(tmp_path), timeout=120)
+    assert_ok(job, 'chainermn-switch')
+    assert os.path.isfile(str(tmp_path / 'cgdp' / 'log'))
+
+
+@pytest.mark.mpi
+def test_ranks_that_train_apart_hear_it_from_rank_0_once(mpiexec, tmp_path):
+    # Hydra writes each rank's stderr to a file of its own (%r: the rank).
+    command = mpiexec_command(N_RANKS, 'separate_models.py')
+    command[1:1] = ['-errfile-pattern', str(tmp_path / 'stderr.%r')]
+    job = run_job(command, env={'PYTHONWARNINGS': 'default'})
+    assert job.returncode == 0, job.output
+    assert sorted(re.findall(r'built rank (\d)', job.output)) == ['0', '1']
+    warnings = {}
+    for rank in range(N_RANKS):
+        path = tmp_path / 'stderr.{}'.format(rank)
+        text = path.read_text() if path.exists() else ''
+        warnings[rank] = re.findall(r'SeparateModelsWarning: (.*)$', text,
+                                    re.MULTILINE)
+    assert len(warnings[0]) == 1 and warnings[1] == [], warnings
+    assert 'every rank will train a model of its own' in warnings[0][0]
+    assert 'mpi_comm=MPI.COMM_WORLD' in warnings[0][0]
+    assert 'create_multi_node_optimizer' in warnings[0][0]
+
+
+# -- the optimizer CGDP runs (no MPI started) ----------------------------------
+
+def small_model_and_iterator():
+    import chainer
+    import chainer.links as L
+    import numpy
+    model = L.Classifier(L.Linear(3, 2))
+    x = numpy.zeros((4, 3), numpy.float32)
+    t = numpy.zeros(4, numpy.int32)
+    iterator = chainer.iterators.SerialIterator(
+        chainer.datasets.TupleDataset(x, t), 2)
+    return model, iterator
+
+
+def build_updater(optimizer, iterator, **kwargs):
+    from cgdp_chainer import CGDPUpdater
+    return CGDPUpdater(iterator, optimizer, devices=['@numpy', '@numpy'],
+                       workers='thread', **kwargs)
+
+
+def test_an_optimizer_that_overrides_update_is_refused():
+    import chainer
+
+    class ClippedSGD(chainer.optimizers.SGD):
+        def update(self, lossfun=None, *args, **kwds):
+            super(ClippedSGD, self).update(lossfun, *args, **kwds)
+            for param in self.target.params():
+                param.array[...] = param.array.clip(-1, 1)
+
+    model, iterator = small_model_and_iterator()
+    optimizer = ClippedSGD()
+    optimizer.setup(model)
+    with pytest.raises(ValueError) as error:
+        build_updater(optimizer, iterator)
+    message = str(error.value)
+    assert 'ClippedSGD overrides update() (in ClippedSGD)' in message
+    assert 'bypass' in message and 'optimizer.add_hook' in message
+
+
+def test_a_wrapper_that_is_not_a_gradient_method_is_refused():
+    import chainer
+
+    class Wrapper(object):
+        """Delegates everything, as ChainerMN's wrappers do."""
+
+        def __init__(self, actual):
+            self.__dict__['actual'] = actual
+
+        def update(self, *args, **kwds):
+            self.actual.update(*args, **kwds)
+
+        def __getattr__(self, name):
+            return getattr(self.actual, name)
+
+    model, iterator = small_model_and_iterator()
+    actual = chainer.optimizers.SGD()
+    actual.setup(model)
+    with pytest.raises(ValueError, match='optimizer: Wrapper is not a '
+                       'chainer.GradientMethod'):
+        build_updater(Wrapper(actual), iterator)
+
+
+def test_a_plain_optimizer_or_subclass_without_update_is_taken():
+    import chainer
+
+    class NamedSGD(chainer.optimizers.SGD):
+        pass
+
+    for optimizer in (chainer.optimizers.MomentumSGD(), NamedSGD()):
+        model, iterator = small_model_and_iterator()
+        optimizer.setup(model)
+        updater = build_updater(optimizer, iterator)
+        assert updater.get_optimizer('main') is optimizer
+        updater.finalize()
+
+
+def test_chainermn_double_buffering_is_refused():
+    import chainer
+    chainermn_optimizers = pytest.importorskip('chainermn.optimizers')
+    model, iterator = small_model_and_iterator()
+    actual = chainer.optimizers.SGD()
+    actual.setup(model)
+    # Its constructor needs CUDA (a stream) and a PureNcclCommunicator;
+    # the refusal looks at the class alone.
+    cls = chainermn_optimizers._DoubleBufferingOptimizer
+    optimizer = cls.__new__(cls)
+    object.__setattr__(optimizer, 'actual_optimizer', actual)
+    with pytest.raises(ValueError, match='double_buffering'):
+        build_updater(optimizer, iterator)
+
+
 # -- launch detection (no MPI started) ----------------------------------------
+
+def test_launch_rank_and_size_from_the_launchers_variables():
+    assert cgdp_mpi.launch_rank_and_size({}) is None
+    assert cgdp_mpi.launch_rank_and_size(
+        {'PMI_RANK': '1', 'PMI_SIZE': '2'}) == (1, 2)
+    assert cgdp_mpi.launch_rank_and_size(
+        {'OMPI_COMM_WORLD_RANK': '3', 'OMPI_COMM_WORLD_SIZE': '4'}) == (3, 4)
+
 
 def test_launch_is_detected_from_any_launchers_variable():
     assert not cgdp_mpi.launched_with_mpi({})
