@@ -28,6 +28,8 @@ concern:
   global batch is the union of the ranks' batches.
 * ``chainermn_baseline``: :func:`make_chainermn_updater`, the ChainerMN
   baseline.
+* ``shm``: MPICH's shared-memory segments in ``/dev/shm``, which the abort
+  path unlinks, since no rank finalizes after ``MPI_Abort``.
 * ``chainermn_optimizer``: :func:`host_optimizer_and_comm`, how
   ``CGDPUpdater`` takes a ChainerMN multi-node optimizer (it trains across
   that optimizer's communicator) and refuses other optimizers whose
@@ -40,7 +42,8 @@ from cgdp_chainer.mpi.allreduce import AllreduceHandle  # NOQA
 from cgdp_chainer.mpi.allreduce import ChunkAllreducer  # NOQA
 from cgdp_chainer.mpi.allreduce import SUPPORTED_DTYPES  # NOQA
 from cgdp_chainer.mpi.chainermn_baseline import make_chainermn_updater  # NOQA
-from cgdp_chainer.mpi.chainermn_optimizer import host_optimizer_and_comm  # NOQA
+from cgdp_chainer.mpi.chainermn_optimizer import (  # NOQA
+    host_optimizer_and_comm)
 from cgdp_chainer.mpi.chainermn_optimizer import SeparateModelsWarning  # NOQA
 from cgdp_chainer.mpi.consistency import broadcast_parameters  # NOQA
 from cgdp_chainer.mpi.consistency import check_consistency  # NOQA

@@ -6,6 +6,7 @@ import threading
 import traceback
 
 from cgdp_chainer.mpi.launch import as_mpi_comm
+from cgdp_chainer.mpi import shm
 
 
 def abort_job(comm, exc_type, exc_value, exc_traceback, exit_code=1,
@@ -48,6 +49,10 @@ def abort_job(comm, exc_type, exc_value, exc_traceback, exit_code=1,
     fallback = threading.Timer(abort_grace, os._exit, (exit_code,))
     fallback.daemon = True
     fallback.start()
+    # No rank finalizes after an abort, and MPICH unlinks its shared
+    # memory only in MPI_Finalize: without this, every aborted job would
+    # leave its segment in /dev/shm.
+    shm.unlink_mapped_segments()
     try:
         comm.Abort(exit_code)
     finally:
