@@ -92,6 +92,9 @@ def train(comm, shards, out, make_updater):
     optimizer = chainermn.create_multi_node_optimizer(
         chainer.optimizers.MomentumSGD(lr=0.1, momentum=0.9), comm)
     optimizer.setup(model)
+    # A hook, added through the wrapper as scripts do: CGDP runs it on the
+    # host with the wrapped optimizer's rules.
+    optimizer.add_hook(chainer.optimizer_hooks.WeightDecay(1e-3))
     train_shard, test_shard = shards
     train_iter = chainer.iterators.SerialIterator(
         train_shard, BATCH_PER_RANK, order_sampler=(
