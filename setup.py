@@ -1,10 +1,14 @@
+from setuptools import find_packages
 from setuptools import setup
 
 setup(
     name='cgdp-chainer',
     version='0.1.0',
     description='CPU-GPU data parallel (CGDP) training for Chainer',
-    packages=['cgdp_chainer', 'models', 'experiments'],
+    # With the subpackages (cgdp_chainer.runtime, .costmodel, .mpi).
+    packages=find_packages(include=['cgdp_chainer', 'cgdp_chainer.*',
+                                    'models', 'models.*',
+                                    'experiments', 'experiments.*']),
     python_requires='>=3.11',
     install_requires=[
         'chainer==7.8.1',

@@ -14,11 +14,13 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from cgdp_chainer import mpi as cgdp_mpi
+from cgdp_chainer.mpi import shm as cgdp_shm
 from experiments import results
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -65,13 +67,117 @@ def plain_environment():
             if key not in cgdp_mpi.LAUNCH_VARIABLES}
 
 
-class Job(object):
-    """What a finished MPI job left: status, output and time taken."""
+# -- MPICH's shared memory: what the jobs leave in /dev/shm ------------------
 
-    def __init__(self, returncode, output, seconds):
+def process_tree(root_pid):
+    """``root_pid`` and its live descendants. Hydra starts its proxy and the
+    ranks in sessions of their own, so only parenthood links them to the
+    mpiexec that the test started."""
+    children = {}
+    for entry in os.listdir('/proc'):
+        if not entry.isdigit():
+            continue
+        try:
+            with open('/proc/{}/stat'.format(entry)) as stat_file:
+                stat = stat_file.read()
+        except OSError:  # ended meanwhile
+            continue
+        # The command name may hold spaces: the fields follow its ')'.
+        parent = int(stat[stat.rindex(')') + 2:].split()[1])
+        children.setdefault(parent, []).append(int(entry))
+    tree, todo = [], [root_pid]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(children.get(pid, []))
+    return tree
+
+
+def segment_mappers(name):
+    """Pids of the live processes that map /dev/shm/``name``."""
+    return [int(entry) for entry in os.listdir('/proc') if entry.isdigit()
+            and name in cgdp_shm.mapped_mpich_segments(entry)]
+
+
+def segment_exists(name):
+    return os.path.exists(os.path.join(cgdp_shm.SHM_FOLDER, name))
+
+
+class SegmentWatch(object):
+    """Notes the MPICH segments that a job's processes map while it runs.
+
+    Other jobs on the machine (other users' tests) create segments too:
+    only the ones that this job's own processes mapped are its own.
+
+    Args:
+        root_pid (int): The job's mpiexec.
+    """
+
+    POLL_SECONDS = 0.1
+
+    def __init__(self, root_pid):
+        self.root_pid = root_pid
+        self.segments = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True,
+                                        name='segment watch')
+        self._thread.start()
+
+    def _watch(self):
+        while not self._stop.is_set():
+            for pid in process_tree(self.root_pid):
+                self.segments |= cgdp_shm.mapped_mpich_segments(pid)
+            self._stop.wait(self.POLL_SECONDS)
+
+    def stop(self):
+        """Stops watching (once the job has ended).
+
+        Returns:
+            list of str: The job's segments still in /dev/shm.
+        """
+        self._stop.set()
+        self._thread.join()
+        return sorted(name for name in self.segments if segment_exists(name))
+
+
+# Every segment that a job of this module mapped, and those that the
+# harness had to remove because the job's ranks were killed (a hung job).
+SEGMENTS_SEEN = set()
+SEGMENTS_REMOVED = set()
+_WATCHES = []
+
+
+@pytest.fixture(autouse=True)
+def remove_segments_of_killed_jobs():
+    """After each test: removes what its jobs left in /dev/shm.
+
+    MPICH unlinks its segment in MPI_Finalize, and the project's abort path
+    unlinks it before MPI_Abort; only ranks killed outright (a job killed
+    as hung) leave one, and nobody else will remove it.
+    """
+    yield
+    while _WATCHES:
+        watch = _WATCHES.pop()
+        for name in watch.stop():
+            # A rank that is still ending keeps its mapping briefly.
+            deadline = time.monotonic() + 5
+            while segment_mappers(name) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if not segment_mappers(name):
+                os.unlink(os.path.join(cgdp_shm.SHM_FOLDER, name))
+                SEGMENTS_REMOVED.add(name)
+        SEGMENTS_SEEN.update(watch.segments)
+
+
+class Job(object):
+    """What a finished MPI job left: status, output, time taken, and the
+    names of its shared-memory segments still in /dev/shm when it ended."""
+
+    def __init__(self, returncode, output, seconds, segments_left=()):
         self.returncode = returncode
         self.output = output
         self.seconds = seconds
+        self.segments_left = list(segments_left)
 
     def ok_ranks(self, name):
         return sorted(int(rank) for rank in re.findall(
@@ -97,24 +203,34 @@ def run_mpi_module(module, *args, n_ranks=N_RANKS, timeout=JOB_TIMEOUT):
     return run_job(mpiexec_module_command(n_ranks, module, *args), timeout)
 
 
-def start_job(command):
+def start_job(command, env=None):
     """Starts a job in its own process group, output merged, from the
-    repository root."""
-    return subprocess.Popen(
-        command, cwd=REPO_ROOT, env=mpi_environment(),
+    repository root; ``env`` overrides variables of the environment."""
+    environment = mpi_environment()
+    environment.update(env or {})
+    process = subprocess.Popen(
+        command, cwd=REPO_ROOT, env=environment,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         # Its own process group: on a timeout the ranks die with mpiexec.
         start_new_session=True)
+    process.segment_watch = SegmentWatch(process.pid)
+    _WATCHES.append(process.segment_watch)
+    return process
 
 
-def run_job(command, timeout=JOB_TIMEOUT):
+def run_job(command, timeout=JOB_TIMEOUT, env=None):
     """Runs ``command``; kills its whole process group if it overruns.
+
+    Args:
+        command (list of str): The job's command line.
+        timeout (float): Seconds before it counts as hung.
+        env (dict or None): Variables to set in the job's environment.
 
     Returns:
         Job: The finished job.
     """
     started = time.monotonic()
-    process = start_job(command)
+    process = start_job(command, env)
     try:
         output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -122,7 +238,8 @@ def run_job(command, timeout=JOB_TIMEOUT):
         output, _ = process.communicate()
         pytest.fail('MPI job {} hung for {} s; output:\n{}'.format(
             ' '.join(command), timeout, output))
-    return Job(process.returncode, output, time.monotonic() - started)
+    return Job(process.returncode, output, time.monotonic() - started,
+               process.segment_watch.stop())
 
 
 def assert_ok(job, name, n_ranks=N_RANKS):
@@ -233,6 +350,9 @@ def test_a_fault_on_one_rank_ends_the_whole_job(mpiexec, mode, failing_rank,
         failing_rank) in job.output, job.output
     assert prefix + 'Traceback (most recent call last):' in job.output
     assert prefix + message in job.output, job.output
+    # No rank finalizes after MPI_Abort: the aborting rank unlinked MPICH's
+    # shared memory itself.
+    assert job.segments_left == []
 
 
 @pytest.mark.mpi
@@ -245,7 +365,137 @@ def test_multi_node_cgdp_equals_one_process_with_as_many_devices(mpiexec):
     assert_ok(run_mpi('cgdp_equivalence.py'), 'cgdp')
 
 
+@pytest.mark.mpi
+def test_a_chainermn_script_switched_to_cgdp_trains_one_model(mpiexec,
+                                                              tmp_path):
+    # The script checks that both ranks end with identical parameters,
+    # equal to ChainerMN's StandardUpdater on the same global batches, with
+    # the multi-node evaluator and scatter_dataset around it.
+    job = run_mpi('chainermn_switch.py', str(tmp_path), timeout=120)
+    assert_ok(job, 'chainermn-switch')
+    assert os.path.isfile(str(tmp_path / 'cgdp' / 'log'))
+
+
+@pytest.mark.mpi
+def test_ranks_that_train_apart_hear_it_from_rank_0_once(mpiexec, tmp_path):
+    # Hydra writes each rank's stderr to a file of its own (%r: the rank).
+    command = mpiexec_command(N_RANKS, 'separate_models.py')
+    command[1:1] = ['-errfile-pattern', str(tmp_path / 'stderr.%r')]
+    job = run_job(command, env={'PYTHONWARNINGS': 'default'})
+    assert job.returncode == 0, job.output
+    assert sorted(re.findall(r'built rank (\d)', job.output)) == ['0', '1']
+    warnings = {}
+    for rank in range(N_RANKS):
+        path = tmp_path / 'stderr.{}'.format(rank)
+        text = path.read_text() if path.exists() else ''
+        warnings[rank] = re.findall(r'SeparateModelsWarning: (.*)$', text,
+                                    re.MULTILINE)
+    assert len(warnings[0]) == 1 and warnings[1] == [], warnings
+    assert 'every rank will train a model of its own' in warnings[0][0]
+    assert 'mpi_comm=MPI.COMM_WORLD' in warnings[0][0]
+    assert 'create_multi_node_optimizer' in warnings[0][0]
+
+
+# -- the optimizer CGDP runs (no MPI started) ---------------------------------
+
+def small_model_and_iterator():
+    import chainer
+    import chainer.links as L
+    import numpy
+    model = L.Classifier(L.Linear(3, 2))
+    x = numpy.zeros((4, 3), numpy.float32)
+    t = numpy.zeros(4, numpy.int32)
+    iterator = chainer.iterators.SerialIterator(
+        chainer.datasets.TupleDataset(x, t), 2)
+    return model, iterator
+
+
+def build_updater(optimizer, iterator, **kwargs):
+    from cgdp_chainer import CGDPUpdater
+    return CGDPUpdater(iterator, optimizer, devices=['@numpy', '@numpy'],
+                       workers='thread', **kwargs)
+
+
+def test_an_optimizer_that_overrides_update_is_refused():
+    import chainer
+
+    class ClippedSGD(chainer.optimizers.SGD):
+        def update(self, lossfun=None, *args, **kwds):
+            super(ClippedSGD, self).update(lossfun, *args, **kwds)
+            for param in self.target.params():
+                param.array[...] = param.array.clip(-1, 1)
+
+    model, iterator = small_model_and_iterator()
+    optimizer = ClippedSGD()
+    optimizer.setup(model)
+    with pytest.raises(ValueError) as error:
+        build_updater(optimizer, iterator)
+    message = str(error.value)
+    assert 'ClippedSGD overrides update() (in ClippedSGD)' in message
+    assert 'bypass' in message and 'optimizer.add_hook' in message
+
+
+def test_a_wrapper_that_is_not_a_gradient_method_is_refused():
+    import chainer
+
+    class Wrapper(object):
+        """Delegates everything, as ChainerMN's wrappers do."""
+
+        def __init__(self, actual):
+            self.__dict__['actual'] = actual
+
+        def update(self, *args, **kwds):
+            self.actual.update(*args, **kwds)
+
+        def __getattr__(self, name):
+            return getattr(self.actual, name)
+
+    model, iterator = small_model_and_iterator()
+    actual = chainer.optimizers.SGD()
+    actual.setup(model)
+    with pytest.raises(ValueError, match='optimizer: Wrapper is not a '
+                       'chainer.GradientMethod'):
+        build_updater(Wrapper(actual), iterator)
+
+
+def test_a_plain_optimizer_or_subclass_without_update_is_taken():
+    import chainer
+
+    class NamedSGD(chainer.optimizers.SGD):
+        pass
+
+    for optimizer in (chainer.optimizers.MomentumSGD(), NamedSGD()):
+        model, iterator = small_model_and_iterator()
+        optimizer.setup(model)
+        updater = build_updater(optimizer, iterator)
+        assert updater.get_optimizer('main') is optimizer
+        updater.finalize()
+
+
+def test_chainermn_double_buffering_is_refused():
+    import chainer
+    chainermn_optimizers = pytest.importorskip('chainermn.optimizers')
+    model, iterator = small_model_and_iterator()
+    actual = chainer.optimizers.SGD()
+    actual.setup(model)
+    # Its constructor needs CUDA (a stream) and a PureNcclCommunicator;
+    # the refusal looks at the class alone.
+    cls = chainermn_optimizers._DoubleBufferingOptimizer
+    optimizer = cls.__new__(cls)
+    object.__setattr__(optimizer, 'actual_optimizer', actual)
+    with pytest.raises(ValueError, match='double_buffering'):
+        build_updater(optimizer, iterator)
+
+
 # -- launch detection (no MPI started) ----------------------------------------
+
+def test_launch_rank_and_size_from_the_launchers_variables():
+    assert cgdp_mpi.launch_rank_and_size({}) is None
+    assert cgdp_mpi.launch_rank_and_size(
+        {'PMI_RANK': '1', 'PMI_SIZE': '2'}) == (1, 2)
+    assert cgdp_mpi.launch_rank_and_size(
+        {'OMPI_COMM_WORLD_RANK': '3', 'OMPI_COMM_WORLD_SIZE': '4'}) == (3, 4)
+
 
 def test_launch_is_detected_from_any_launchers_variable():
     assert not cgdp_mpi.launched_with_mpi({})
@@ -457,6 +707,7 @@ def test_weak_scaling_under_two_ranks_ends_on_ctrl_c(mpiexec, tmp_path,
     assert 'MPI_Abort' not in output and 'BAD TERMINATION' not in output, \
         output
     assert processes_mentioning(out) == []
+    assert process.segment_watch.stop() == []
     summary = results.read_csv(os.path.join(folder, results.SUMMARY_FILE))
     assert [(r['mode'], r['n_ranks']) for r in summary] == sorted(
         {(r['mode'], r['n_ranks']) for r in runs},
@@ -489,3 +740,24 @@ def test_weak_scaling_under_two_ranks_refuses_bad_input_on_every_rank(
     assert job.output.strip().splitlines() == [message], job.output
     assert os.listdir(str(tmp_path)) == ([] if problem == 'chunk size'
                                          else ['results'])
+
+
+# -- last: what the module's jobs left in /dev/shm ----------------------------
+
+@pytest.mark.mpi
+def test_mpi_jobs_leave_no_shared_memory_segment(mpiexec):
+    # A job that ends normally (MPI_Finalize unlinks MPICH's segment) and
+    # one that aborts (abort_job unlinks it before MPI_Abort; the stall
+    # mode's ranks live a second, many times the watch's polling interval)
+    # leave nothing by themselves.
+    for script, args in [('allreduce_sum.py', ()),
+                         ('fault.py', ('stall',))]:
+        process = start_job(mpiexec_command(N_RANKS, script, *args))
+        output, _ = process.communicate(timeout=JOB_TIMEOUT)
+        assert process.segment_watch.stop() == [], output
+        assert process.segment_watch.segments, (
+            'no MPICH segment seen for {}: the watch is blind'.format(script))
+    # Nor is any left of the jobs of the tests before this one (run in file
+    # order), after the harness removed those of killed jobs.
+    left = sorted(name for name in SEGMENTS_SEEN if segment_exists(name))
+    assert left == [], left

@@ -201,8 +201,11 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             replica; default: CPU cores divided by the CPU replicas.
         host_threads (int or None): Threads of the host accumulator;
             default: CPU cores, at most 4.
-        mpi_comm: An mpi4py communicator: chunks are also summed across
-            ranks (one process per node), see :mod:`cgdp_chainer.mpi`.
+        mpi_comm: An mpi4py (or ChainerMN) communicator: chunks are also
+            summed across ranks (one process per node), see
+            :mod:`cgdp_chainer.mpi`. An optimizer made by ChainerMN's
+            ``create_multi_node_optimizer(optimizer, comm)`` does the same
+            over ``comm`` (CGDP then runs ``optimizer`` on the host).
         auto_new_epoch (bool): As in ``StandardUpdater``.
         workers (str): ``'process'`` or ``'thread'``.
         start_method (str): How worker processes start: ``'spawn'`` or
@@ -259,7 +262,12 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         self._chunk_names = worker_module.runtime_chunk_names(
             worker_module.whole_model_plan(self._names))
 
-        self._mpi_comm = mpi_comm
+        # A ChainerMN multi-node optimizer trains across its communicator:
+        # CGDP runs the optimizer it wraps (see cgdp_chainer.mpi).
+        from cgdp_chainer import mpi
+        optimizer, self._mpi_comm = mpi.host_optimizer_and_comm(
+            optimizer, mpi_comm)
+        self._optimizers['main'] = optimizer
         self._allreducer = None
         if workers == 'process':
             channels.check_picklable(master, loss_func)
