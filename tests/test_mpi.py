@@ -520,9 +520,13 @@ TINY_TRAIN = TINY_MODEL + ['--iterations', '2']
 def test_train_under_two_ranks_rank_0_writes_log_and_snapshot(
         mpiexec, tmp_path, updater):
     out = str(tmp_path / updater)
+    trace = str(tmp_path / 'trace.json')
     job = run_mpi_module('experiments.train', *TINY_TRAIN,
-                         '--updater', updater, '--out', out)
+                         '--updater', updater, '--out', out,
+                         *(['--trace', trace] if updater == 'cgdp' else []))
     assert job.returncode == 0, job.output
+    if updater == 'cgdp':
+        assert_rank_0_trace_has_a_communication_track(trace)
     assert 'MPI: 2 ranks x 1 device(s); batch 2 per rank, 4 in all' in \
         job.output
     # Only rank 0 prints the report and its last line.
@@ -532,6 +536,19 @@ def test_train_under_two_ranks_rank_0_writes_log_and_snapshot(
         log = json.load(log_file)
     assert [entry['iteration'] for entry in log] == [1, 2]
     assert os.path.isfile(os.path.join(out, 'snapshot_iter_2'))
+
+
+def assert_rank_0_trace_has_a_communication_track(path):
+    with open(path) as trace_file:
+        events = json.load(trace_file)['traceEvents']
+    assert [e['args']['name'] for e in events
+            if e['name'] == 'process_name'] == ['cgdp rank 0']
+    names = {e['tid']: e['args']['name'] for e in events
+             if e['name'] == 'thread_name'}
+    allreduce = [e for e in events if e.get('cat') == 'allreduce']
+    assert allreduce
+    assert {names[e['tid']] for e in allreduce} == {
+        'communication thread cgdp-allreduce'}
 
 
 @pytest.mark.mpi

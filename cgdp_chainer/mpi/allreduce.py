@@ -185,6 +185,7 @@ class ChunkAllreducer(object):
     Attributes:
         rank (int): This process's rank.
         size (int): Number of ranks.
+        thread_name (str): Name of the communication thread.
     """
 
     def __init__(self, comm, stall_timeout=None, max_poll_interval=2e-4,
@@ -193,6 +194,7 @@ class ChunkAllreducer(object):
         comm = as_mpi_comm(comm)
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
+        self.thread_name = name
         self.stall_timeout = stall_timeout
         self.max_poll_interval = max_poll_interval
         self.nonblocking = nonblocking

@@ -208,10 +208,11 @@ class HostAccumulator(object):
             with self._lock:
                 self._lock.notify_all()
 
-    def _span(self, kind, chunk):
+    def _span(self, kind, chunk, thread=None):
         if self.timeline is None:
             return _NullSpan()
-        return self.timeline.span(self.iteration, 'host', kind, chunk)
+        return self.timeline.span(self.iteration, 'host', kind, chunk,
+                                  thread=thread)
 
     def _process_chunk(self, chunk):
         names = self.chunk_names[chunk]
@@ -222,7 +223,7 @@ class HostAccumulator(object):
         sequence = self._sequence_base + len(self.chunk_names) - 1 - chunk
         if self.deferred_update:
             with self._span('reduce', chunk):
-                self._reduce(names, sequence)
+                self._reduce(names, sequence, chunk)
             with self._lock:
                 self._remaining -= 1
                 # Exactly one thread sees the count reach 1: all reduced.
@@ -239,7 +240,7 @@ class HostAccumulator(object):
         else:
             # The cross-rank sum needs every reduced gradient first.
             with self._span('reduce', chunk):
-                self._reduce(names, sequence)
+                self._reduce(names, sequence, chunk)
             fused, unfused, inputs = self._partition(names, from_slots=False)
         with self._span('update', chunk):
             self._update(unfused)
@@ -250,7 +251,7 @@ class HostAccumulator(object):
                 transfer.publish(chunk, names)
         self._finish_one()
 
-    def _reduce(self, names, sequence=None):
+    def _reduce(self, names, sequence=None, chunk=None):
         transfers = self.transfers
         weights = self._weights
         equal = all(w == weights[0] for w in weights)
@@ -279,20 +280,27 @@ class HostAccumulator(object):
             # Even a chunk without parameters takes its sequence number.
             # Host threads may finish chunks in any order; numbering them
             # from the output end makes every rank send them alike.
-            handle = self.allreducer.start(reduced, sequence=sequence)
-            while True:
-                # Bounded waits: a peer rank that stopped (Ctrl-C, a failure)
-                # must not keep this thread, and so close(), waiting.
-                try:
-                    handle.wait(timeout=0.2)
-                    break
-                except TimeoutError:
-                    if self.failures.failed or self._stopping.is_set():
-                        raise Aborted()
+            # The trace shows the cross-rank sum on the communication
+            # thread's track, from the request to its completion.
+            with self._span('allreduce', chunk,
+                            thread=self.allreducer.thread_name):
+                handle = self.allreducer.start(reduced, sequence=sequence)
+                self._wait_for(handle)
             if self.reduction == 'mean':
                 scale = (weights[0] if equal else 1.0) / self.allreducer.size
                 for out in reduced:
                     out *= out.dtype.type(scale)
+
+    def _wait_for(self, handle):
+        while True:
+            # Bounded waits: a peer rank that stopped (Ctrl-C, a failure)
+            # must not keep this thread, and so close(), waiting.
+            try:
+                handle.wait(timeout=0.2)
+                return
+            except TimeoutError:
+                if self.failures.failed or self._stopping.is_set():
+                    raise Aborted()
 
     def _partition(self, names, from_slots):
         """Splits ``names`` into (fused, unfused, fused update's inputs).
