@@ -532,26 +532,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
 
         timeline = self.timeline
         start = timeline.now() if timeline is not None else None
-        # Drawn here, in the calling thread, so that a seeded run (and its
-        # resume) gives every replica the same dropout masks again.
-        seeds = numpy.random.randint(0, 2 ** 31 - 1, size=n).tolist()
-        refresh = (worker_module.save_persistents(
-            self.get_optimizer('main').target)
-            if self._refresh_persistents else None)
-        self._refresh_persistents = False
-        if refresh is not None:
-            self._persistents.remember(refresh)
-        config = worker_module.caller_config()
         forming = self._plan is None
-        plan = None if forming or self._plan_sent else self._plan
-        self._plan_sent = not forming
-        jobs = [worker_module.Job(
-            iteration=self.iteration, seed=seeds[i], plan=plan,
-            fingerprint=None if forming else self._plan.fingerprint,
-            record_events=timeline is not None,
-            send_persistents=(i == 0 and self._has_persistents and
-                              not in_loop),
-            persistents=refresh, config=config) for i in range(n)]
+        jobs = self._jobs(n, forming, send_persistents=not in_loop)
         self._accumulator.start_iteration(self.iteration, shares)
         search_start = time.perf_counter()
         results = self._replicas.run(jobs, inputs)
@@ -571,13 +553,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         if first_reports:
             chainer.report(first_reports)
         if timeline is not None:
-            for index, result in enumerate(results):
-                for kind, chunk, begin, end in result.events:
-                    timeline.record(self.iteration, index, kind, chunk,
-                                    begin - timeline.origin,
-                                    end - timeline.origin)
-            timeline.end_iteration(self.iteration, start, timeline.now(),
-                                   sync_end)
+            self._record_events(results, start, sync_end)
         if forming:
             try:
                 self._form_plan([r.ready for r in results])
@@ -594,6 +570,48 @@ class CGDPUpdater(standard_updater.StandardUpdater):
 
         if self.auto_new_epoch and iterator.is_new_epoch:
             self.get_optimizer('main').new_epoch(auto=True)
+
+    def _jobs(self, n, forming, send_persistents):
+        """The iteration's :class:`~cgdp_chainer.runtime.worker.Job` of
+        each replica.
+
+        Args:
+            n (int): Replicas.
+            forming (bool): Whether this iteration forms the chunk plan.
+            send_persistents (bool): Whether replica 0 returns its
+                persistent values after the iteration.
+        """
+        # Drawn here, in the calling thread, so that a seeded run (and its
+        # resume) gives every replica the same dropout masks again.
+        seeds = numpy.random.randint(0, 2 ** 31 - 1, size=n).tolist()
+        refresh = (worker_module.save_persistents(
+            self.get_optimizer('main').target)
+            if self._refresh_persistents else None)
+        self._refresh_persistents = False
+        if refresh is not None:
+            self._persistents.remember(refresh)
+        config = worker_module.caller_config()
+        plan = None if forming or self._plan_sent else self._plan
+        self._plan_sent = not forming
+        return [worker_module.Job(
+            iteration=self.iteration, seed=seeds[i], plan=plan,
+            fingerprint=None if forming else self._plan.fingerprint,
+            record_events=self.timeline is not None,
+            send_persistents=(i == 0 and self._has_persistents and
+                              send_persistents),
+            persistents=refresh, config=config) for i in range(n)]
+
+    def _record_events(self, results, start, sync_end):
+        """Puts the replicas' events on the timeline and closes the
+        iteration there."""
+        timeline = self.timeline
+        for index, result in enumerate(results):
+            for kind, chunk, begin, end in result.events:
+                timeline.record(self.iteration, index, kind, chunk,
+                                begin - timeline.origin,
+                                end - timeline.origin)
+        timeline.end_iteration(self.iteration, start, timeline.now(),
+                               sync_end)
 
     def _take_user_edits(self, edited):
         """Makes the replicas train from the master as user code left it
