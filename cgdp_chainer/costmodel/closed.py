@@ -3,7 +3,6 @@ recurrences, without the event simulation."""
 import heapq
 import math
 
-from cgdp_chainer import chunking
 from cgdp_chainer.costmodel import costs
 from cgdp_chainer.costmodel import engine
 from cgdp_chainer.costmodel import inputs
@@ -177,7 +176,7 @@ def cgdp_phases(workload, hardware, n_devices, chunk_size, n_nodes=1,
     inputs.check_chunk_size(chunk_size, workload.n_stages)
     inputs.check_workers(workers)
     network = inputs.resolve_network(network, n_nodes)
-    chunks = chunking.plan_chunks(workload.n_stages, chunk_size)
+    chunks = inputs.plan_chunks(workload.param_bytes, chunk_size)
     slowdown = 1.0
     if hardware.kind == 'cpu':
         threads = costs.cpu_threads_per_replica(hardware, n_devices)

@@ -115,16 +115,64 @@ def check_optimizer(optimizer):
 
 
 def check_chunk_size(chunk_size, n_stages):
-    """Checks a chunk size against the number of stages.
+    """Checks a chunking against the number of layers.
+
+    A chunking is what the runtime forms: an int ``k`` (``chunk_size=k``,
+    layers per chunk from the output end) or ``('bytes', n)``
+    (``chunk_bytes=n``; the runtime's default is ``('bytes', 1 MiB)``).
 
     Raises:
-        ValueError: ``chunk_size`` is not an integer in ``1..n_stages``.
+        ValueError: ``chunk_size`` is neither an integer in
+            ``1..n_stages`` nor ``('bytes', n)`` with a positive ``n``.
     """
+    if isinstance(chunk_size, tuple) and len(chunk_size) == 2 and \
+            chunk_size[0] == 'bytes' and isinstance(chunk_size[1], int) \
+            and not isinstance(chunk_size[1], bool) and chunk_size[1] >= 1:
+        return
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or \
             not 1 <= chunk_size <= n_stages:
         raise ValueError('chunk_size must be an integer from 1 to {} (the '
-                         'number of stages), got {!r}'.format(
+                         "number of layers) or ('bytes', n), got {!r}".format(
                              n_stages, chunk_size))
+
+
+def plan_chunks(param_bytes, chunk_size):
+    """The chunks the runtime forms, as layer ranges input side first.
+
+    Mirrors :meth:`cgdp_chainer.runtime.readiness.ChunkPlan.from_ready_order`
+    on layers listed input side first (the reverse of its backward order).
+
+    Args:
+        param_bytes (list of int): Parameter bytes per layer, input side
+            first.
+        chunk_size (int or tuple): See :func:`check_chunk_size`.
+
+    Returns:
+        list of (int, int): ``(start, stop)`` layer ranges, input side first.
+    """
+    n = len(param_bytes)
+    check_chunk_size(chunk_size, n)
+    if isinstance(chunk_size, tuple):
+        limit = chunk_size[1]
+        starts = [0]  # in backward order: 0 is the output-side layer
+        filled = 0
+        for i in range(n):
+            if filled >= limit:
+                starts.append(i)
+                filled = 0
+            filled += param_bytes[n - 1 - i]
+    else:
+        starts = list(range(0, n, chunk_size))
+    stops = starts[1:] + [n]
+    return [(n - stop, n - start) for start, stop in zip(starts, stops)][::-1]
+
+
+def describe_chunking(chunk_size):
+    """How the runtime is asked for a chunking: ``chunk_size=k`` or
+    ``chunk_bytes=n``."""
+    if isinstance(chunk_size, tuple):
+        return 'chunk_bytes={}'.format(chunk_size[1])
+    return 'chunk_size={}'.format(chunk_size)
 
 
 def check_common(workload, hardware, n_devices):
@@ -164,11 +212,11 @@ def check_profile(profile):
     Raises:
         ValueError: A field is missing or negative.
     """
-    if not isinstance(profile, dict) or not profile.get('stages'):
-        raise ValueError('a profile is a dict with a non-empty "stages" list '
+    if not isinstance(profile, dict) or not profile.get('layers'):
+        raise ValueError('a profile is a dict with a non-empty "layers" list '
                          '(see experiments.profile or '
                          'costmodel.flops_profile)')
-    for index, stage in enumerate(profile['stages']):
+    for index, stage in enumerate(profile['layers']):
         has_times = 'forward_s' in stage and 'backward_s' in stage
         has_flops = 'forward_flops' in stage and 'backward_flops' in stage
         if not (has_times or has_flops):
@@ -186,23 +234,25 @@ def check_profile(profile):
 
 
 def flops_profile(net, image_size=224, n_classes=1000, cache_path=None):
-    """A profile with per-stage FLOPs and parameter sizes, no measured times.
+    """A profile with per-layer function costs, no measured times.
 
     Args:
-        net (str): A name in ``models.NETWORKS``.
+        net (str or chainer.Link): A name in ``models.NETWORKS``, or a
+            network mapping images to class scores.
         image_size (int): Input side in pixels.
         n_classes (int): Classifier outputs.
-        cache_path (str or None): FLOP cache file (see
-            :func:`cgdp_chainer.costmodel.flops.cached_stage_costs`).
+        cache_path (str or None): Cache file for named networks (see
+            :func:`cgdp_chainer.costmodel.layers.cached_layer_costs`).
 
     Returns:
         dict: A profile for :func:`predict` and friends.
     """
-    from cgdp_chainer.costmodel import flops
-    stages = flops.cached_stage_costs(net, image_size, n_classes=n_classes,
-                                      cache_path=cache_path)
-    return {'net': net, 'device': None, 'batch': 1,
-            'image_size': image_size, 'stages': stages}
+    from cgdp_chainer.costmodel import layers
+    records = layers.cached_layer_costs(net, image_size, n_classes=n_classes,
+                                        cache_path=cache_path)
+    return {'net': net if isinstance(net, str) else type(net).__name__,
+            'device': None, 'batch': 1, 'image_size': image_size,
+            'layers': records}
 
 
 @dataclasses.dataclass
@@ -290,7 +340,7 @@ class Workload:
 
 
 def _uses_measured_times(profile, hardware):
-    stages = profile['stages']
+    stages = profile['layers']
     has_times = all(s.get('forward_s') is not None
                     and s.get('backward_s') is not None for s in stages)
     if not has_times:
@@ -366,6 +416,55 @@ def gpu_stage_seconds(flops_per_image, layers, batch, hardware):
         return 0.0
     return (work + layers * hardware.conv_half_flops) / \
         hardware.achieved_flops
+
+
+def gpu_function_seconds(function, batch, hardware, backward=False):
+    """Device seconds of one function call on a GPU preset.
+
+    The longest of its arithmetic, its memory traffic and one kernel
+    launch: ``max(FLOPs / rate, bytes / device_memory_bw,
+    kernel_launch_s)``, where a matrix product of ``W`` FLOPs runs at
+    ``compute_efficiency x W / (W + conv_half_flops)`` of peak (so takes
+    ``(W + conv_half_flops) / achieved_flops``) and anything else at the
+    preset's ``compute_efficiency``: memory-bound functions (batch
+    normalization, activations, element-wise arithmetic) are priced by
+    their bytes, not their FLOPs.
+
+    Args:
+        function (dict): A record of the profile's ``functions`` (per
+            image, see :func:`cgdp_chainer.costmodel.layers.function_records`).
+        batch (int): Images per replica.
+        hardware (Hardware): The preset.
+        backward (bool): The call's backward instead of its forward.
+
+    Returns:
+        float: Seconds.
+    """
+    prefix = 'backward_' if backward else ''
+    flops = batch * function[prefix + 'flops']
+    moved = batch * function[prefix + 'bytes'] + function['param_bytes'] * (
+        2 if backward else 1)
+    if flops <= 0 and moved <= 0:
+        return 0.0
+    if function['kind'] == 'matmul' and flops > 0:
+        compute = (flops + hardware.conv_half_flops) / hardware.achieved_flops
+    else:
+        compute = flops / hardware.achieved_flops
+    return max(compute, moved / hardware.device_memory_bw,
+               hardware.kernel_launch_s)
+
+
+def gpu_layer_seconds(record, batch, hardware, backward=False):
+    """Device seconds of a layer on a GPU preset: the sum of its functions'
+    (:func:`gpu_function_seconds`), or from its FLOPs alone
+    (:func:`gpu_stage_seconds`) for a record without ``functions``."""
+    functions = record.get('functions')
+    if functions is None:
+        key = 'backward_flops' if backward else 'forward_flops'
+        return gpu_stage_seconds(record[key], record.get('counted_layers', 0),
+                                 batch, hardware)
+    return sum(gpu_function_seconds(f, batch, hardware, backward)
+               for f in functions)
 
 
 def launch_seconds(calls, hardware, backward_calls=None):
@@ -454,7 +553,7 @@ def build_workload(profile, hardware, batch_per_device,
     check_profile(profile)
     check_batch(batch_per_device)
     optimizer = check_optimizer(optimizer)
-    stages = profile['stages']
+    stages = profile['layers']
     measured = _uses_measured_times(profile, hardware)
     if hardware.kind == 'cpu' and not measured:
         raise ValueError("preset {!r} needs a profile with measured "
@@ -479,14 +578,10 @@ def build_workload(profile, hardware, batch_per_device,
                 'preset {!r} has no measured times in this profile and the '
                 'profile has no forward_flops/backward_flops to compute them '
                 'from (see costmodel.flops_profile)'.format(hardware.name))
-        forward = [gpu_stage_seconds(s['forward_flops'],
-                                     s.get('counted_layers', 0),
-                                     batch_per_device, hardware)
+        forward = [gpu_layer_seconds(s, batch_per_device, hardware)
                    for s in stages]
-        backward = [gpu_stage_seconds(s['backward_flops'],
-                                      s.get('counted_layers', 0),
-                                      batch_per_device, hardware)
-                    for s in stages]
+        backward = [gpu_layer_seconds(s, batch_per_device, hardware,
+                                      backward=True) for s in stages]
         forward_1t = backward_1t = None
         forward_gil = backward_gil = None
     if hardware.kind == 'gpu':

@@ -3,7 +3,6 @@ updater, ChainerMN and CGDP: task graphs on the machine's resources, run by
 :mod:`cgdp_chainer.costmodel.engine`."""
 import dataclasses
 
-from cgdp_chainer import chunking
 from cgdp_chainer.costmodel import costs
 from cgdp_chainer.costmodel import engine
 from cgdp_chainer.costmodel import inputs
@@ -290,7 +289,7 @@ def simulate_cgdp(workload, hardware, n_devices, chunk_size, iterations=2,
     inputs.check_workers(workers)
     network = inputs.resolve_network(network, n_nodes)
     multinode = n_nodes > 1
-    chunks = chunking.plan_chunks(workload.n_stages, chunk_size)
+    chunks = inputs.plan_chunks(workload.param_bytes, chunk_size)
     n_chunks = len(chunks)
     caps = topology.capacities(hardware, n_devices)
     servers = {'host': hardware.host_servers}
