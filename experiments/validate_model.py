@@ -154,7 +154,7 @@ def predict_points(profile, summary, chunk_sizes, workers='process'):
         batch = point['batch_per_device']
         size = None
         if mode == results.CGDP:
-            size = min(chunk_sizes.get(n, 1) or 1, len(profile['stages']))
+            size = min(chunk_sizes.get(n, 1) or 1, len(profile['layers']))
         predicted, _ = costmodel.predict_mode(profile, hw, mode, n, batch,
                                               size, workers)
         closed, _ = costmodel.predict_mode(profile, hw, mode, n, batch,
