@@ -337,8 +337,9 @@ def write_notes(path, presets, cpu_nets):
         'every GPU); nccl = MultiprocessParallelUpdater (a process per GPU, '
         'NCCL reduce onto GPU 0, update there, NCCL broadcast); cgdp with '
         'workers process or thread; optimizers momentum_sgd and adam.',
-        'Compute on GPU presets: per stage (FLOPs at {} px x batch + layers '
-        'x conv_half_flops) / (peak x efficiency), at least the stage\'s '
+        'Compute on GPU presets: per Chainer function at {} px, the longest '
+        'of its FLOPs at the preset\'s efficiency, its bytes at the device\'s '
+        'memory bandwidth and a kernel launch; per layer at least its '
         'host-side launch time (function calls x per-call cost); see '
         'cgdp_chainer/costmodel/hardware.py for every constant and its '
         'source.'.format(IMAGE_SIZE),

@@ -100,15 +100,14 @@ def main(argv=None):
     os.makedirs(folder, exist_ok=True)
     with files.atomic_path(path) as temporary:
         save_profile(profile, temporary)
-    stages = profile['stages']
+    layers = profile['layers']
     print('profiled {} on {} (batch {}, {} px) in {:.1f} s: forward {:.4f} '
-          's, backward {:.4f} s over {} stages; chunk overhead {:.2e} s; '
+          's, backward {:.4f} s over {} layers; '
           'copy {:.2f} GB/s; wrote {}'.format(
               args.net, device, args.batch, args.image_size,
               time.perf_counter() - start,
-              sum(s['forward_s'] for s in stages),
-              sum(s['backward_s'] for s in stages), len(stages),
-              profile['chunk_overhead']['backward_s'],
+              sum(s['forward_s'] for s in layers),
+              sum(s['backward_s'] for s in layers), len(layers),
               profile['copy']['d2h_bytes_per_s'] / 1e9, path))
 
 

@@ -12,12 +12,12 @@
    ``--summary PATH`` it compares with that run's single-process rows
    instead (``--latest``: the newest ``results/<net>/*/summary.csv``),
    which were not taken in the same sitting;
-2. profiles this CPU with one replica (N = 1 stages) at the measurement's
+2. profiles this CPU with one replica, per layer, at the measurement's
    batch and image size (``experiments.profile``), saving the profile under
    ``results/profiles/``; the profile keeps the median of its repetitions
    (``--statistic``), the same statistic as the measured iteration times
-   (``median_s``): the model adds up stage times, and the minimum of each
-   stage, a lower bound, under-predicts every point (``--statistic min``
+   (``median_s``): the model adds up layer times, and the minimum of each
+   layer, a lower bound, under-predicts every point (``--statistic min``
    is there for a machine shared with a varying load);
 3. predicts typical and CGDP iteration times at each measured N with the
    ``this-cpu`` preset (simulation and closed form), at the chunk size the
@@ -84,7 +84,7 @@ def chunk_sizes_of_run(folder):
 
 
 def measure(net, counts, batch, image_size, iterations, warmup, out_dir,
-            chunk_size=1):
+            chunk_size=None):
     """A short weak-scaling measurement of both modes on CPU replicas.
 
     Uses :func:`experiments.weak_scaling.time_mode`, so the updaters, data
@@ -136,6 +136,17 @@ def cgdp_workers():
     return parameter.default
 
 
+def runtime_chunking(chunk_size, n_layers):
+    """The cost model's name for the chunking a CGDP run used: its
+    ``chunk_size`` (layers per chunk, at most the model's layers), or,
+    where it had none, the runtime's default chunks of
+    ``DEFAULT_CHUNK_BYTES``."""
+    if chunk_size is None:
+        from cgdp_chainer.runtime import updater
+        return ('bytes', updater.DEFAULT_CHUNK_BYTES)
+    return min(int(chunk_size), n_layers)
+
+
 def predict_points(profile, summary, chunk_sizes, workers='process'):
     """Predicted seconds for every measured (mode, N) of the summary.
 
@@ -154,7 +165,8 @@ def predict_points(profile, summary, chunk_sizes, workers='process'):
         batch = point['batch_per_device']
         size = None
         if mode == results.CGDP:
-            size = min(chunk_sizes.get(n, 1) or 1, len(profile['layers']))
+            size = runtime_chunking(chunk_sizes.get(n),
+                                    len(profile['layers']))
         predicted, _ = costmodel.predict_mode(profile, hw, mode, n, batch,
                                               size, workers)
         closed, _ = costmodel.predict_mode(profile, hw, mode, n, batch,
@@ -219,7 +231,8 @@ def format_table(rows):
             '{:<8} {:>3} {:>5} {:>9.3f}s {:>8.3f}s {:>9.3f}s {:>9.3f}s '
             '{:>+7.1%}'.format(
                 row['mode'], row['n_devices'],
-                '-' if row['chunk_size'] is None else row['chunk_size'],
+                '-' if row['chunk_size'] is None else
+                costmodel.describe_chunking(row['chunk_size']),
                 row['measured_s'], row['measured_iqr_s'],
                 row['predicted_s'], row['closed_form_s'], row['error']))
     return '\n'.join(lines)
