@@ -1,4 +1,4 @@
-"""The four reference networks of the CGDP paper, as stage sequences."""
+"""The four reference networks of the CGDP paper, as block sequences."""
 from cgdp_chainer import _compat  # NOQA: must run before Chainer is imported
 
 from models.alexnet import AlexNet
@@ -33,7 +33,7 @@ def get_model(name, n_classes=1000, seed=None):
             seed gives the same parameters. ``None`` draws fresh entropy.
 
     Returns:
-        models.common.StagedNetwork: The network; its ``stages`` follow
+        models.common.SequentialNetwork: The network; its ``blocks`` follow
         ``docs/INTERFACES.md``.
 
     Raises:
