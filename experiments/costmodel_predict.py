@@ -169,6 +169,35 @@ def predict_multinode_rows(net, profile, preset, network,
     return rows
 
 
+def payoff_table(rows, batch=FIGURE_BATCH):
+    """"Will CGDP pay off for my model?": per network, preset and device
+    count, the predicted seconds per iteration of each scheme, CGDP's
+    speedup over ``ParallelUpdater`` and ``MultiprocessParallelUpdater``,
+    and the chunking CGDP would use (the runtime's default worker kind and
+    optimizer, ``batch`` images per device).
+
+    Returns:
+        str: A plain-text table.
+    """
+    header = ('{:10} {:9} {:>2} {:>10} {:>10} {:>10} {:>8} {:>8}  {}'.format(
+        'net', 'preset', 'N', 'typical_s', 'nccl_s', 'cgdp_s', 'x_typ',
+        'x_nccl', 'CGDPUpdater chunking'))
+    lines = [header]
+    for row in rows:
+        if row['workers'] != FIGURE_WORKERS or row['optimizer'] != \
+                FIGURE_OPTIMIZER or row['batch_per_device'] != batch or \
+                row['n_devices'] == 1:
+            continue
+        lines.append('{:10} {:9} {:>2} {:>10.4f} {:>10.4f} {:>10.4f} '
+                     '{:>8.2f} {:>8.2f}  {}'.format(
+                         row['net'], row['preset'], row['n_devices'],
+                         row['t_typical'], row['t_nccl'], row['t_cgdp'],
+                         row['speedup'], row['speedup_vs_nccl'],
+                         costmodel.describe_chunking(
+                             row['best_chunk_size'])))
+    return '\n'.join(lines)
+
+
 def save_figure(fig, path):
     """Writes ``fig`` to ``path`` atomically (a crash leaves the previous
     figure) and closes it."""
@@ -426,6 +455,7 @@ def main(argv=None):
                 print('{}: this-cpu skipped: {}'.format(net, error))
         print('{}: done ({:.1f} s)'.format(net, time.perf_counter() - start),
               flush=True)
+    print(payoff_table(rows), flush=True)
     csv_path = os.path.join(args.out, 'predictions.csv')
     results.write_csv(csv_path, COLUMNS, rows)
     all_presets = presets + ([hardware.CPU_PRESET] if cpu_nets else [])

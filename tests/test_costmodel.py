@@ -523,7 +523,8 @@ def test_matrix_product_flops_of_the_four_networks(net):
 
 def test_flops_profile_predicts():
     model = ConvLinear()
-    profile = {'layers': layers.cached_layer_costs(model, 8, n_classes=10), 'batch': 1}
+    profile = {'layers': layers.cached_layer_costs(model, 8, n_classes=10),
+               'batch': 1}
     result = costmodel.predict(profile, 'minsky', 2, 16)
     assert set(result) >= {'t_typical', 't_cgdp', 'speedup', 'eff_typical',
                            'eff_cgdp', 'best_chunk_size'}
@@ -762,10 +763,19 @@ def test_validation_points_and_prediction_rows():
     assert 'GIL (75%' in validate_model.describe_profile(
         gil_profile(cores=1, gil_share=0.75), 1)
 
-    profile = {'layers': layers.cached_layer_costs(ConvLinear(), 8, n_classes=10),
+    profile = {'layers': layers.cached_layer_costs(ConvLinear(), 8,
+                                                   n_classes=10),
                'batch': 1}
     predictions = costmodel_predict.predict_rows(
         'convlinear', profile, 'pcie3', counts=(1, 2), batches=(16,))
+    # The pay-off table: one line per device count above 1 (the runtime's
+    # default worker kind and optimizer), with the chunking to use.
+    table = costmodel_predict.payoff_table(predictions, batch=16).splitlines()
+    assert len(table) == 2
+    best = [r for r in predictions if r['workers'] == 'process' and
+            r['optimizer'] == 'momentum_sgd' and r['n_devices'] == 2][0]
+    assert table[1].split()[:3] == ['convlinear', 'pcie3', '2']
+    assert table[1].endswith('chunk_size={}'.format(best['best_chunk_size']))
     # Both worker kinds and both optimizers, each at N = 1 and 2.
     assert len(predictions) == 8
     assert {(r['workers'], r['optimizer']) for r in predictions} == {
@@ -935,7 +945,8 @@ def test_one_node_is_the_single_node_model():
         assert costmodel.chainermn_closed_form(work, hw, n, 1, crawl) == \
             costmodel.typical_closed_form(work, hw, n)
     # And through predict_multinode on a preset with a FLOPs profile.
-    profile = {'layers': layers.cached_layer_costs(ConvLinear(), 8, n_classes=10),
+    profile = {'layers': layers.cached_layer_costs(ConvLinear(), 8,
+                                                   n_classes=10),
                'batch': 1}
     single = None
     for n in (1, 2, 4):
@@ -1033,7 +1044,8 @@ def test_bad_network_and_node_count():
 
 def test_multinode_prediction_rows():
     from experiments import costmodel_predict
-    profile = {'layers': layers.cached_layer_costs(ConvLinear(), 8, n_classes=10),
+    profile = {'layers': layers.cached_layer_costs(ConvLinear(), 8,
+                                                   n_classes=10),
                'batch': 1}
     rows = costmodel_predict.predict_multinode_rows(
         'convlinear', profile, 'minsky', 'ib-edr', node_counts=(1, 2))
@@ -1098,7 +1110,8 @@ def test_nccl_needs_a_gpu_preset():
 
 def test_predictions_include_both_baselines():
     model = ConvLinear()
-    profile = {'layers': layers.cached_layer_costs(model, 8, n_classes=10), 'batch': 1}
+    profile = {'layers': layers.cached_layer_costs(model, 8, n_classes=10),
+               'batch': 1}
     result = costmodel.predict(profile, 'minsky', 4, 16)
     assert result['speedup_vs_nccl'] == pytest.approx(
         result['t_nccl'] / result['t_cgdp'])
@@ -1390,7 +1403,8 @@ def test_measure_fused_host_update():
 
 
 def test_predict_mode_is_the_scheme_at_one_point():
-    profile = {'layers': layers.cached_layer_costs(ConvLinear(), 8, n_classes=10),
+    profile = {'layers': layers.cached_layer_costs(ConvLinear(), 8,
+                                                   n_classes=10),
                'batch': 1}
     result = costmodel.predict(profile, 'minsky', 2, 16)
     for mode, key in (('typical', 't_typical'), ('nccl', 't_nccl'),

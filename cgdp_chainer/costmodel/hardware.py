@@ -24,8 +24,8 @@ simulation:
   :func:`cgdp_chainer.costmodel.stage_gil_seconds`).
 
 Compute time on a preset without a measured profile is, per Chainer
-function of each layer (:func:`cgdp_chainer.costmodel.inputs.gpu_function_seconds`,
-FLOPs and bytes from :mod:`cgdp_chainer.costmodel.functions`), the longest
+function of each layer
+(:func:`cgdp_chainer.costmodel.inputs.gpu_function_seconds`, FLOPs and bytes from :mod:`cgdp_chainer.costmodel.functions`), the longest
 of three: its arithmetic, its memory traffic at ``device_memory_bw``, and one
 kernel launch (``kernel_launch_s``). A convolution or linear function of
 ``W`` FLOPs runs at the efficiency ``compute_efficiency x W / (W +
