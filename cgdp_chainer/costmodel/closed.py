@@ -70,7 +70,7 @@ def typical_closed_form(workload, hardware, n_devices, iterations=2,
     f_s, b_s = costs.whole_model_times(workload, hardware, workload.forward_s,
                                        workload.backward_s)
     compute = f_s + b_s
-    gil = costs.chunk_gil_times(workload, hardware, [(0, workload.n_stages)])
+    gil = costs.chunk_gil_times(workload, hardware, [(0, workload.n_layers)])
     if gil is not None:
         compute = max(compute, n_devices * (gil[0][0] + gil[1][0]))
     add_s = costs.device_op_seconds(workload, hardware, 'add', arrays, n_bytes)
@@ -173,7 +173,7 @@ def cgdp_phases(workload, hardware, n_devices, chunk_size, n_nodes=1,
         jobs (see :func:`costs.host_job_parts`), and ``host`` is their sum.
     """
     inputs.check_common(workload, hardware, n_devices)
-    inputs.check_chunk_size(chunk_size, workload.n_stages)
+    inputs.check_chunk_size(chunk_size, workload.n_layers)
     inputs.check_workers(workers)
     network = inputs.resolve_network(network, n_nodes)
     chunks = inputs.plan_chunks(workload.param_bytes, chunk_size)

@@ -289,7 +289,7 @@ def cpu_stage_times(workload, hardware, threads):
     """
     forward, backward = [], []
     busy_time = work_time = 0.0
-    for index in range(workload.n_stages):
+    for index in range(workload.n_layers):
         pairs = ((workload.forward_s, workload.forward_1t_s, forward),
                  (workload.backward_s, workload.backward_1t_s, backward))
         for all_cores, one, out in pairs:

@@ -114,7 +114,7 @@ def check_optimizer(optimizer):
                                                   optimizer))
 
 
-def check_chunk_size(chunk_size, n_stages):
+def check_chunk_size(chunk_size, n_layers):
     """Checks a chunking against the number of layers.
 
     A chunking is what the runtime forms: an int ``k`` (``chunk_size=k``,
@@ -123,17 +123,17 @@ def check_chunk_size(chunk_size, n_stages):
 
     Raises:
         ValueError: ``chunk_size`` is neither an integer in
-            ``1..n_stages`` nor ``('bytes', n)`` with a positive ``n``.
+            ``1..n_layers`` nor ``('bytes', n)`` with a positive ``n``.
     """
     if isinstance(chunk_size, tuple) and len(chunk_size) == 2 and \
             chunk_size[0] == 'bytes' and isinstance(chunk_size[1], int) \
             and not isinstance(chunk_size[1], bool) and chunk_size[1] >= 1:
         return
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or \
-            not 1 <= chunk_size <= n_stages:
+            not 1 <= chunk_size <= n_layers:
         raise ValueError('chunk_size must be an integer from 1 to {} (the '
                          "number of layers) or ('bytes', n), got {!r}".format(
-                             n_stages, chunk_size))
+                             n_layers, chunk_size))
 
 
 def plan_chunks(param_bytes, chunk_size):
@@ -183,7 +183,7 @@ def check_common(workload, hardware, n_devices):
     """
     check_n_devices(n_devices)
     hardware_module.validate(hardware)
-    if workload.n_stages < 1:
+    if workload.n_layers < 1:
         raise ValueError('the workload has no stages')
 
 
@@ -317,7 +317,7 @@ class Workload:
     measured: bool = False
 
     @property
-    def n_stages(self):
+    def n_layers(self):
         return len(self.forward_s)
 
     def update_op(self):

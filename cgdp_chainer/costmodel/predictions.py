@@ -7,15 +7,15 @@ from cgdp_chainer.costmodel import inputs
 from cgdp_chainer.costmodel import simulate
 
 
-def candidate_chunk_sizes(n_stages):
-    """Chunk sizes tried: powers of two below ``n_stages``, and
-    ``n_stages`` (one chunk), as the runtime search does."""
+def candidate_chunk_sizes(n_layers):
+    """Chunk sizes tried: powers of two below ``n_layers``, and
+    ``n_layers`` (one chunk), as the runtime search does."""
     sizes = []
     size = 1
-    while size < n_stages:
+    while size < n_layers:
         sizes.append(size)
         size *= 2
-    sizes.append(n_stages)
+    sizes.append(n_layers)
     return sizes
 
 
@@ -41,7 +41,7 @@ def best_chunk_size(workload, hardware, n_devices, candidates=None,
         tuple: ``(best size, {size: seconds})``; ties go to the smaller size.
     """
     check_method(method)
-    candidates = candidates or candidate_chunk_sizes(workload.n_stages)
+    candidates = candidates or candidate_chunk_sizes(workload.n_layers)
     times = {}
     for size in candidates:
         if method == 'simulate':
@@ -101,7 +101,7 @@ def predict(profile, hardware, n_devices, batch_per_device, chunk_size=None,
         size, chunk_times = best_chunk_size(workload, hw, n_devices,
                                             method=method, workers=workers)
     else:
-        inputs.check_chunk_size(chunk_size, workload.n_stages)
+        inputs.check_chunk_size(chunk_size, workload.n_layers)
         size, chunk_times = chunk_size, {}
     gpu = hw.kind == 'gpu'
     t_typical_closed = closed.typical_closed_form(workload, hw, n_devices)
@@ -193,7 +193,7 @@ def predict_mode(profile, hardware, mode, n_devices, batch_per_device,
         size, times = best_chunk_size(workload, hw, n_devices, method=method,
                                       workers=workers)
         return times[size], size
-    inputs.check_chunk_size(chunk_size, workload.n_stages)
+    inputs.check_chunk_size(chunk_size, workload.n_layers)
     if simulated:
         return simulate.simulate_cgdp(workload, hw, n_devices, chunk_size,
                                       workers=workers).iteration_s, \
@@ -257,7 +257,7 @@ def predict_multinode(profile, hardware, network, n_nodes, devices_per_node,
         size, chunk_times = best_chunk_size(workload, hw, n, method=method,
                                             n_nodes=n_nodes, network=net)
     else:
-        inputs.check_chunk_size(chunk_size, workload.n_stages)
+        inputs.check_chunk_size(chunk_size, workload.n_layers)
         size, chunk_times = chunk_size, {}
     closed_mn = closed.chainermn_closed_form(workload, hw, n, n_nodes, net)
     closed_cgdp = closed.cgdp_closed_form(workload, hw, n, size, n_nodes, net)

@@ -70,7 +70,7 @@ def whole_model_gil_demands(workload, hardware, f_s, b_s):
     """The interpreter-lock demands of a whole-model forward and backward
     (see :func:`costs.chunk_gil_times`); empty when not modelled."""
     gil = costs.chunk_gil_times(workload, hardware,
-                                [(0, workload.n_stages)])
+                                [(0, workload.n_layers)])
     if gil is None:
         return None, None
     return (costs.gil_demand(None, gil[0][0], f_s),
@@ -285,7 +285,7 @@ def simulate_cgdp(workload, hardware, n_devices, chunk_size, iterations=2,
         SimulationResult: The timing.
     """
     inputs.check_common(workload, hardware, n_devices)
-    inputs.check_chunk_size(chunk_size, workload.n_stages)
+    inputs.check_chunk_size(chunk_size, workload.n_layers)
     inputs.check_workers(workers)
     network = inputs.resolve_network(network, n_nodes)
     multinode = n_nodes > 1
