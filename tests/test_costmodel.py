@@ -237,11 +237,11 @@ def gil_profile(cores, gil_share, blas_rate=1e9):
     return profile
 
 
-def test_stage_gil_seconds():
+def test_layer_gil_seconds():
     # 1 s on one thread, 2 GFLOP at 4 GFLOP/s: 0.5 s of arithmetic, 0.5 s
     # of Python; arithmetic beyond the measured time leaves none.
-    assert costmodel.stage_gil_seconds(1.0, 2e9, 4e9) == pytest.approx(0.5)
-    assert costmodel.stage_gil_seconds(0.1, 1e9, 4e9) == 0.0
+    assert costmodel.layer_gil_seconds(1.0, 2e9, 4e9) == pytest.approx(0.5)
+    assert costmodel.layer_gil_seconds(0.1, 1e9, 4e9) == 0.0
 
 
 def test_workload_gil_seconds_scale_with_the_batch():
@@ -294,17 +294,17 @@ def test_measured_busy_cores_of_a_replica():
     profile['layers'][0].update(forward_1t_s=1.5, backward_1t_s=1.5)
     hw = hardware.get_hardware('this-cpu', profile)
     work = costmodel.build_workload(profile, hw, 1)
-    assert costmodel.cpu_stage_times(work, hw, 2)[2] == pytest.approx(1.5)
+    assert costmodel.cpu_layer_times(work, hw, 2)[2] == pytest.approx(1.5)
     profile['whole'] = {'busy_cores': 2.0}
     work = costmodel.build_workload(profile, hw, 1)
-    assert costmodel.cpu_stage_times(work, hw, 2)[2] == pytest.approx(2.0)
-    assert costmodel.cpu_stage_times(work, hw, 1) == (
+    assert costmodel.cpu_layer_times(work, hw, 2)[2] == pytest.approx(2.0)
+    assert costmodel.cpu_layer_times(work, hw, 1) == (
         pytest.approx([1.5]), pytest.approx([1.5]), 1.0)
     # Four cores measured busy, two threads: halfway between 1 and 4
     # per thread: 1 + 3 x (2 - 1) / (4 - 1) = 2.
     four = hw.replace(cores=4, effective_cores=4.0)
     work.busy_cores = 4.0
-    assert costmodel.cpu_stage_times(work, four, 2)[2] == pytest.approx(2.0)
+    assert costmodel.cpu_layer_times(work, four, 2)[2] == pytest.approx(2.0)
 
 
 def test_a_replica_alone_runs_at_its_measured_speed():
@@ -1197,13 +1197,13 @@ def test_small_layers_run_below_the_large_layer_rate():
     # one of 9 GFLOP at 0.9 of it (10 ms); two layers of 0.5 GFLOP each
     # pay the half size twice (3 ms).
     hw = make_hardware(conv_half_flops=1e9)
-    assert costmodel.inputs.gpu_stage_seconds(1e9, 1, 1, hw) == \
+    assert costmodel.inputs.gpu_flops_seconds(1e9, 1, 1, hw) == \
         pytest.approx(2e-3)
-    assert costmodel.inputs.gpu_stage_seconds(9e9, 1, 1, hw) == \
+    assert costmodel.inputs.gpu_flops_seconds(9e9, 1, 1, hw) == \
         pytest.approx(10e-3)
-    assert costmodel.inputs.gpu_stage_seconds(0.5e9, 2, 2, hw) == \
+    assert costmodel.inputs.gpu_flops_seconds(0.5e9, 2, 2, hw) == \
         pytest.approx(3e-3)
-    assert costmodel.inputs.gpu_stage_seconds(0.0, 1, 1, hw) == 0.0
+    assert costmodel.inputs.gpu_flops_seconds(0.0, 1, 1, hw) == 0.0
 
 
 def test_flops_count_calls_and_layers():

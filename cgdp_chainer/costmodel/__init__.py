@@ -33,10 +33,10 @@ from cgdp_chainer.costmodel.inputs import (  # NOQA
     check_batch, check_chunk_size, check_n_devices, check_n_nodes,
     check_optimizer, check_profile, check_workers, describe_chunking,
     flops_profile, plan_chunks,
-    load_profile, resolve_network, stage_gil_seconds)
+    load_profile, resolve_network, layer_gil_seconds)
 from cgdp_chainer.costmodel.costs import (  # NOQA
     BACKWARD_TRAFFIC, FORWARD_TRAFFIC, chunk_compute_times, chunk_gil_times,
-    cpu_stage_times, cpu_threads_per_replica, device_op_seconds,
+    cpu_layer_times, cpu_threads_per_replica, device_op_seconds,
     gil_demand, host_job_gil_seconds, host_job_parts, host_job_seconds,
     host_traffic_bytes, host_traffic_parts, replica_gil_share,
     ring_allreduce_seconds)

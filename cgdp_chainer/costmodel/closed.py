@@ -52,7 +52,7 @@ def typical_closed_form(workload, hardware, n_devices, iterations=2,
     n_bytes, arrays = workload.total_bytes, workload.total_arrays
     net_s = costs.ring_allreduce_seconds(n_bytes, n_nodes, network)
     if hardware.kind == 'cpu':
-        forward, backward, _ = costs.cpu_stage_times(workload, hardware,
+        forward, backward, _ = costs.cpu_layer_times(workload, hardware,
                                                      hardware.cores)
         f_s, b_s = costs.whole_model_times(workload, hardware, forward,
                                            backward)
@@ -168,7 +168,7 @@ def cgdp_phases(workload, hardware, n_devices, chunk_size, n_nodes=1,
         dict: ``forward`` (seconds of one replica's forward), lists
         ``backward``, ``d2h``, ``host``, ``allreduce`` (the chunk's ring
         all-reduce across the nodes; zeros for one node), ``h2d`` (one entry
-        per chunk, output end first) and ``chunks`` (their stage ranges).
+        per chunk, output end first) and ``chunks`` (their layer ranges).
         With ``n_nodes > 1`` also ``reduce`` and ``update``, the two host
         jobs (see :func:`costs.host_job_parts`), and ``host`` is their sum.
     """
@@ -180,7 +180,7 @@ def cgdp_phases(workload, hardware, n_devices, chunk_size, n_nodes=1,
     slowdown = 1.0
     if hardware.kind == 'cpu':
         threads = costs.cpu_threads_per_replica(hardware, n_devices)
-        forward, backward, busy = costs.cpu_stage_times(workload, hardware,
+        forward, backward, busy = costs.cpu_layer_times(workload, hardware,
                                                         threads)
         # Replicas that compute at once share the cores (a replica alone
         # runs at its measured speed).

@@ -21,12 +21,12 @@ simulation:
 * ``gil`` (CPU replicas only): Python's global interpreter lock, capacity
   one, which the replica threads and the host threads of the process hold
   for the Python part of their work (see
-  :func:`cgdp_chainer.costmodel.stage_gil_seconds`).
+  :func:`cgdp_chainer.costmodel.layer_gil_seconds`).
 
 Compute time on a preset without a measured profile is, per Chainer
 function of each layer
-(:func:`cgdp_chainer.costmodel.inputs.gpu_function_seconds`, FLOPs and bytes from :mod:`cgdp_chainer.costmodel.functions`), the longest
-of three: its arithmetic, its memory traffic at ``device_memory_bw``, and one
+(:func:`cgdp_chainer.costmodel.inputs.gpu_function_seconds`; FLOPs and
+bytes from :mod:`cgdp_chainer.costmodel.functions`), the longest of three: its arithmetic, its memory traffic at ``device_memory_bw``, and one
 kernel launch (``kernel_launch_s``). A convolution or linear function of
 ``W`` FLOPs runs at the efficiency ``compute_efficiency x W / (W +
 conv_half_flops)`` (Hockney's half-performance size ``n_1/2``: small layers
@@ -596,7 +596,7 @@ def this_cpu(profile):
     their copies and the host threads all run on ``cores`` cores (of which
     this process got ``effective_cores`` while profiling), and, being
     threads of one process, share one interpreter lock (the simulation's
-    ``gil`` resource; the profile gives each stage's share of it).
+    ``gil`` resource; the profile gives each layer's share of it).
 
     Args:
         profile (dict): A profile measured on this machine with
@@ -643,7 +643,7 @@ def this_cpu(profile):
         kind='cpu',
         physical_devices=max(1, cores),
         # Not used for compute (the profile has measured times), but
-        # describes the machine: FLOP/s measured on the profiled stages.
+        # describes the machine: FLOP/s measured on the profiled layers.
         peak_flops=float(machine.get('achieved_flops', 1e10)) or 1e10,
         compute_efficiency=1.0,
         device_memory_bw=bandwidth,

@@ -25,7 +25,7 @@ def best_chunk_size(workload, hardware, n_devices, candidates=None,
     """The chunk size with the shortest predicted CGDP iteration.
 
     Args:
-        workload (Workload): Per-stage costs.
+        workload (Workload): Per-layer costs.
         hardware (Hardware): The machine.
         n_devices (int): Replicas.
         candidates (list of int or None): Sizes to try (default:

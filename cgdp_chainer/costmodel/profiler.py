@@ -772,7 +772,7 @@ def measure_blas_1t_flops(sizes=BLAS_SIZES, reps=DEFAULT_REPS):
     fastest size's rate is returned: the rate at which one core does a
     layer's arithmetic, so that the rest of the layer's one-thread time is
     the part that does not run in BLAS (see
-    :func:`cgdp_chainer.costmodel.stage_gil_seconds`).
+    :func:`cgdp_chainer.costmodel.layer_gil_seconds`).
 
     Returns:
         float: FLOP/s.

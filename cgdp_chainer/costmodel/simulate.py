@@ -92,7 +92,7 @@ def simulate_nccl(workload, hardware, n_devices, iterations=2):
     With one device it is ``StandardUpdater``: forward, backward, update.
 
     Args:
-        workload (Workload): Per-stage costs.
+        workload (Workload): Per-layer costs.
         hardware (Hardware): The machine (a GPU preset).
         n_devices (int): GPUs.
         iterations (int): Iterations to simulate (>= 1).
@@ -150,7 +150,7 @@ def simulate_typical(workload, hardware, n_devices, iterations=2,
     the ChainerMN baseline; see :func:`simulate_chainermn`).
 
     Args:
-        workload (Workload): Per-stage costs.
+        workload (Workload): Per-layer costs.
         hardware (Hardware): The machine.
         n_devices (int): Replicas (per node).
         iterations (int): Iterations to simulate (>= 1).
@@ -266,7 +266,7 @@ def simulate_cgdp(workload, hardware, n_devices, chunk_size, iterations=2,
     (:func:`costs.ring_allreduce_seconds`) accounts for the others.
 
     Args:
-        workload (Workload): Per-stage costs.
+        workload (Workload): Per-layer costs.
         hardware (Hardware): The machine (one node).
         n_devices (int): Replicas (per node).
         chunk_size (int): Stages per chunk (grouped from the output end).
@@ -351,7 +351,7 @@ def simulate_cgdp(workload, hardware, n_devices, chunk_size, iterations=2,
     # Python holds an interpreter lock: thread workers share the user's
     # process's with each other and with the host threads; process workers
     # have one each, and the host threads share the user's process's (see
-    # inputs.stage_gil_seconds, inputs.launch_seconds).
+    # inputs.layer_gil_seconds, inputs.launch_seconds).
     gil = costs.chunk_gil_times(workload, hardware, chunks)
     if gil is not None and workers == 'thread':
         forward_demands = [costs.gil_demand(forward_demands[c], gil[0][c],
