@@ -133,10 +133,26 @@ def _tuple(value, ndim):
     return tuple(int(v) for v in value)
 
 
-def _conv_macs(function, x_shape, w_shape, out_shape):
+def _conv_macs(function, x_shape, w_shape):
     """Multiply-adds of a convolution: per output element, ``Cin / groups x
-    prod(kernel)``."""
-    return int(numpy.prod(out_shape) * w_shape[1] * numpy.prod(w_shape[2:]))
+    prod(kernel)``; the output's size follows Chainer's own formula (so an
+    output nobody kept is counted right too)."""
+    from chainer.utils import conv
+    ndim = len(w_shape) - 2
+    if ndim == 2 and hasattr(function, 'sy'):
+        strides, pads = (function.sy, function.sx), (function.ph, function.pw)
+        dilations = (function.dy, function.dx)
+    else:
+        strides = _tuple(getattr(function, 'stride', None), ndim)
+        pads = _tuple(getattr(function, 'pad', 0), ndim)
+        dilations = _tuple(getattr(function, 'dilate', 1), ndim)
+    cover_all = bool(getattr(function, 'cover_all', False))
+    out_spatial = [conv.get_conv_outsize(size, k, s, p, cover_all=cover_all,
+                                         d=d)
+                   for size, k, s, p, d in zip(x_shape[2:], w_shape[2:],
+                                               strides, pads, dilations)]
+    return int(x_shape[0] * w_shape[0] * numpy.prod(out_spatial)
+               * w_shape[1] * numpy.prod(w_shape[2:]))
 
 
 def _deconv_macs(x_shape, w_shape):
@@ -163,7 +179,7 @@ def forward_flops(function, label, kind, in_shapes, out_shapes):
             return 2 * _deconv_macs(x_shape, w_shape)
         if label == 'MatMul':
             return 2 * int(numpy.prod(out_shapes[0])) * int(x_shape[-1])
-        return 2 * _conv_macs(function, x_shape, w_shape, out_shapes[0])
+        return 2 * _conv_macs(function, x_shape, w_shape)
     if kind == 'pooling':
         per_window = _pool_window(function)
         return int(numpy.prod(out_shapes[0])) * per_window

@@ -14,7 +14,9 @@ A layer's forward time is the time of its calls (each from the end of the
 previous call, so the Python between calls counts); its backward time is the
 time from the previous layer's gradients being final to its own, as the
 readiness backward reports them: exactly when the runtime could hand it
-over. Nothing cuts the graph.
+over. Nothing cuts the graph. On a GPU the pass waits for the device
+after each forward call and at each hand-over, so that time goes to the
+layer that spent it (the waits cost a little time of their own).
 """
 import hashlib
 import json
@@ -79,7 +81,6 @@ class _PassTimer(chainer.FunctionHook):
         self.forward_calls = {}
         self.backward_calls = {}
         self.layer_of_node = {}
-        self._pending = []
         self._mark = None
 
     def start(self):
@@ -140,7 +141,8 @@ def run_pass(target, in_arrays, loss_func, sync, layers):
             chainer.using_config('enable_backprop', True), tracker, timer:
         timer.start()
         loss = lossfun(*in_arrays)
-        first = next(iter(timer.forward_calls.keys() - {None}), None)
+        first = next((k for k in timer.forward_calls if k is not None),
+                     None)
         ready_at = {}
 
         def on_ready(name, used):
