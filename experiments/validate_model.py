@@ -84,8 +84,10 @@ def chunk_sizes_of_run(folder):
 
 
 def measure(net, counts, batch, image_size, iterations, warmup, out_dir,
-            chunk_size=None):
-    """A short weak-scaling measurement of both modes on CPU replicas.
+            chunk_size=None, modes=MODES):
+    """A short weak-scaling measurement of ``modes`` on CPU replicas, CGDP
+    at ``chunk_size`` (``None``: the runtime's default chunks; ``'model'``:
+    the cost model's choice).
 
     Uses :func:`experiments.weak_scaling.time_mode`, so the updaters, data
     and timing are the experiment's own.
@@ -102,7 +104,7 @@ def measure(net, counts, batch, image_size, iterations, warmup, out_dir,
     os.makedirs(out_dir, exist_ok=True)
     for count in counts:
         specs = weak_scaling.device_specs_for('cpu', count)
-        for mode in MODES:
+        for mode in modes:
             seconds = []
 
             def on_step(index, elapsed, seconds=seconds):
@@ -175,7 +177,8 @@ def predict_points(profile, summary, chunk_sizes, workers='process'):
         rows.append({
             'net': None, 'mode': mode, 'n_devices': n,
             'batch_per_device': batch, 'image_size': point['image_size'],
-            'chunk_size': size, 'measured_s': measured,
+            'chunk_size': None if size is None else
+            costmodel.describe_chunking(size), 'measured_s': measured,
             'measured_iqr_s': point['iqr_s'], 'predicted_s': predicted,
             'closed_form_s': closed,
             'error': predicted / measured - 1.0})
@@ -222,17 +225,16 @@ def describe_profile(profile, batch):
 
 def format_table(rows):
     """The validation table as text."""
-    header = '{:<8} {:>3} {:>5} {:>10} {:>9} {:>10} {:>10} {:>8}'.format(
+    header = '{:<8} {:>3} {:>19} {:>10} {:>9} {:>10} {:>10} {:>8}'.format(
         'mode', 'N', 'chunk', 'measured', 'iqr', 'simulated', 'closed',
         'error')
     lines = [header, '-' * len(header)]
     for row in rows:
         lines.append(
-            '{:<8} {:>3} {:>5} {:>9.3f}s {:>8.3f}s {:>9.3f}s {:>9.3f}s '
+            '{:<8} {:>3} {:>19} {:>9.3f}s {:>8.3f}s {:>9.3f}s {:>9.3f}s '
             '{:>+7.1%}'.format(
                 row['mode'], row['n_devices'],
-                '-' if row['chunk_size'] is None else
-                costmodel.describe_chunking(row['chunk_size']),
+                row['chunk_size'] or '-',
                 row['measured_s'], row['measured_iqr_s'],
                 row['predicted_s'], row['closed_form_s'], row['error']))
     return '\n'.join(lines)
@@ -301,6 +303,7 @@ def main(argv=None):
                      'first, or leave --latest out to measure now)'.format(
                          args.results, args.net, results.SUMMARY_FILE,
                          args.net))
+    choice = ([], {})  # CGDP at the model's choice: measured only now
     if summary_path is not None:
         if not os.path.exists(summary_path):
             cli.fail('no such summary file: {}'.format(summary_path))
@@ -330,6 +333,12 @@ def main(argv=None):
         summary, chunk_sizes = measure(args.net, args.devices, batch,
                                        image_size, args.iterations,
                                        args.warmup, out_dir)
+        print('measuring CGDP at the cost model\'s choice '
+              "(chunk_size='model')", flush=True)
+        choice = measure(args.net, args.devices, batch, image_size,
+                         args.iterations, args.warmup,
+                         os.path.join(out_dir, 'model_choice'),
+                         chunk_size='model', modes=(results.CGDP,))
     batches = {row['batch_per_device'] for row in summary}
     sizes = {row['image_size'] for row in summary}
     if len(batches) != 1 or len(sizes) != 1:
@@ -352,7 +361,8 @@ def main(argv=None):
     profile_module.save_profile(profile, profile_path)
     del model
 
-    rows = predict_points(profile, summary, chunk_sizes, workers)
+    rows = predict_points(profile, summary, chunk_sizes, workers) + \
+        predict_points(profile, choice[0], choice[1], workers)
     for row in rows:
         row['net'] = args.net
     errors = [abs(row['error']) for row in rows]

@@ -758,7 +758,7 @@ def test_validation_points_and_prediction_rows():
     assert rows[1]['predicted_s'] == pytest.approx(4.0, rel=1e-3)
     # A run at the runtime's default chunks is predicted at those chunks.
     default = validate_model.predict_points(cpu_profile(), summary, {2: None})
-    assert default[1]['chunk_size'] == ('bytes', 1024 * 1024)
+    assert default[1]['chunk_size'] == 'chunk_bytes={}'.format(1024 * 1024)
     assert 'typical' in validate_model.format_table(rows)
     assert 'GIL (75%' in validate_model.describe_profile(
         gil_profile(cores=1, gil_share=0.75), 1)
