@@ -1417,3 +1417,34 @@ def test_predict_mode_is_the_scheme_at_one_point():
         == 3
     with pytest.raises(ValueError, match='typical, nccl, cgdp'):
         costmodel.predict_mode(profile, 'minsky', 'chainermn', 2, 16)
+
+
+def test_only_matrix_products_count_as_blas_work_for_the_gil():
+    # Batch normalization's FLOPs run in NumPy loops, not in BLAS: they do
+    # not shorten the time a CPU layer holds the interpreter lock.
+    record = layers.cached_layer_costs(_BatchNormNet(), 8, n_classes=10)[0]
+    kinds = {f['kind'] for f in record['functions']}
+    assert {'matmul', 'normalization'} <= kinds
+    matmul = sum(f['flops'] for f in record['functions']
+                 if f['kind'] == 'matmul')
+    assert costmodel.inputs.blas_flops(record) == matmul
+    assert costmodel.inputs.blas_flops(record) < record['forward_flops']
+
+
+class _BatchNormNet(chainer.Chain):
+    """One convolution whose link also owns a batch normalization's
+    parameters (one layer), then a linear layer."""
+
+    def __init__(self):
+        super(_BatchNormNet, self).__init__()
+        with self.init_scope():
+            self.conv = L.Convolution2D(3, 4, 3, pad=1)
+            self.fc = L.Linear(None, 10)
+        with self.conv.init_scope():
+            self.conv.gamma = chainer.Parameter(numpy.ones(4, numpy.float32))
+            self.conv.beta = chainer.Parameter(numpy.zeros(4, numpy.float32))
+
+    def forward(self, x):
+        h = self.conv(x)
+        h = F.batch_normalization(h, self.conv.gamma, self.conv.beta)
+        return self.fc(F.relu(h))

@@ -385,13 +385,25 @@ def _gil_times(profile, layers, scale, batch_per_device):
     if not all(s.get(k) is not None for s in layers for k in keys):
         return None, None
     forward = [layer_gil_seconds(scale * s['forward_1t_s'],
-                                 batch_per_device * s['forward_flops'], rate)
+                                 batch_per_device * blas_flops(s), rate)
                for s in layers]
     backward = [layer_gil_seconds(scale * s['backward_1t_s'],
-                                  batch_per_device * s['backward_flops'],
+                                  batch_per_device * blas_flops(s, True),
                                   rate)
                 for s in layers]
     return forward, backward
+
+
+def blas_flops(record, backward=False):
+    """FLOPs per image of a layer's matrix products (what BLAS runs, outside
+    the GIL): of its ``functions`` where the record lists them, else its
+    ``forward_flops`` or ``backward_flops``."""
+    key = 'backward_flops' if backward else 'forward_flops'
+    functions = record.get('functions')
+    if functions is None:
+        return record[key]
+    key = 'backward_flops' if backward else 'flops'
+    return sum(f[key] for f in functions if f['kind'] == 'matmul')
 
 
 def gpu_flops_seconds(flops_per_image, layers, batch, hardware):
