@@ -7,11 +7,19 @@ from cgdp_chainer.costmodel import inputs
 from cgdp_chainer.costmodel import simulate
 
 
+# The smallest candidate gives at most this many chunks, as the runtime's
+# 'auto' search starts (cgdp_chainer.runtime.updater.AUTO_SEARCH_MAX_CHUNKS):
+# a deep network has hundreds of layers, and each chunk costs a message and
+# a host task, so one-layer chunks are never the best there.
+MAX_CANDIDATE_CHUNKS = 64
+
+
 def candidate_chunk_sizes(n_layers):
-    """Chunk sizes tried: powers of two below ``n_layers``, and
-    ``n_layers`` (one chunk), as the runtime search does."""
+    """Chunk sizes tried (layers per chunk): doubling from the size that
+    gives at most :data:`MAX_CANDIDATE_CHUNKS` chunks, and ``n_layers``
+    (one chunk), as the runtime's search does."""
     sizes = []
-    size = 1
+    size = max(1, -(-n_layers // MAX_CANDIDATE_CHUNKS))
     while size < n_layers:
         sizes.append(size)
         size *= 2
