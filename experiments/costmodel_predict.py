@@ -26,8 +26,9 @@ every network, GPU preset and interconnect (``ib-edr``, ``ib-hdr``); and
 device on one node) against the total device count, a panel per network
 and preset, a line per method and interconnect.
 
-FLOPs are counted once per network at 224 px and cached
-(``results/costmodel/flops_cache.json``). The ``this-cpu`` preset is
+Each network's layers and their functions' FLOPs and bytes are counted
+once at 224 px and cached (``results/costmodel/flops_cache.json``). It
+prints the pay-off table (:func:`payoff_table`). The ``this-cpu`` preset is
 included for each network that has a CPU profile under
 ``results/profiles/`` (``python -m experiments.profile --net NET``); its
 times are scaled linearly from the profile's batch and image size is that
