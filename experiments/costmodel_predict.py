@@ -189,14 +189,22 @@ def payoff_table(rows, batch=FIGURE_BATCH):
                 FIGURE_OPTIMIZER or row['batch_per_device'] != batch or \
                 row['n_devices'] == 1:
             continue
-        lines.append('{:10} {:9} {:>2} {:>10.4f} {:>10.4f} {:>10.4f} '
-                     '{:>8.2f} {:>8.2f}  {}'.format(
+        lines.append('{:10} {:9} {:>2} {:>10} {:>10} {:>10} {:>8} {:>8}  '
+                     '{}'.format(
                          row['net'], row['preset'], row['n_devices'],
-                         row['t_typical'], row['t_nccl'], row['t_cgdp'],
-                         row['speedup'], row['speedup_vs_nccl'],
+                         _number(row['t_typical'], 4),
+                         _number(row['t_nccl'], 4), _number(row['t_cgdp'], 4),
+                         _number(row['speedup'], 2),
+                         _number(row['speedup_vs_nccl'], 2),
                          costmodel.describe_chunking(
                              row['best_chunk_size'])))
     return '\n'.join(lines)
+
+
+def _number(value, digits):
+    """``value`` with ``digits`` decimals, or ``-`` where the scheme does
+    not exist (NCCL on CPU replicas)."""
+    return '-' if value is None else '{:.{}f}'.format(value, digits)
 
 
 def save_figure(fig, path):

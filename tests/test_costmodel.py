@@ -790,6 +790,9 @@ def test_validation_points_and_prediction_rows():
         optimizers=costmodel_predict.measured_optimizers(cpu_profile()))
     assert {r['optimizer'] for r in cpu_rows} == {'momentum_sgd'}
     assert all(r['t_nccl'] is None for r in cpu_rows)
+    # No NCCL on CPU replicas: the pay-off table says so.
+    line = costmodel_predict.payoff_table(cpu_rows, batch=1).splitlines()[1]
+    assert line.split()[4] == '-' and line.split()[7] == '-'
 
 
 def test_validation_refuses_a_summary_with_only_multi_rank_rows(tmp_path,
