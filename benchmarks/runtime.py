@@ -27,6 +27,7 @@ run mean anything), each with its target or measured limit:
   copy's bandwidth measured in the same run.
 """
 import copy
+import collections
 import multiprocessing
 import os
 import statistics
@@ -45,8 +46,8 @@ import numpy
 import cgdp_chainer
 from cgdp_chainer.runtime import accumulator as accumulator_module
 from cgdp_chainer import blas
-from cgdp_chainer import chunking
 from cgdp_chainer import datasets
+from cgdp_chainer.runtime import readiness
 from cgdp_chainer.runtime import shared
 from cgdp_chainer.runtime import transfer as transfer_module
 
@@ -269,9 +270,12 @@ def accumulator_bandwidth(model, n_slots=4, repeats=3):
                                                         replica_params)
         transfer.send_grads(list(master_params))
         transfers.append(transfer)
-    stages = model.stages
-    chunks = chunking.plan_chunks(len(stages), 1)
-    names = chunking.assign_parameters(model, stages, chunks)
+    # One chunk per layer (a link that directly owns parameters), as the
+    # runtime's chunk_size=1.
+    layers = collections.OrderedDict()
+    for name in master_params:
+        layers.setdefault(readiness.owner_of(name), []).append(name)
+    names = list(layers.values())
     failures = accumulator_module.FailureBox()
     acc = accumulator_module.HostAccumulator(
         optimizer, transfers, names, 'mean', failures)

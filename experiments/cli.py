@@ -233,7 +233,7 @@ def net_spec(text):
         raise argparse.ArgumentTypeError(str(error))
 
 
-def check_net(net, n_classes, image_size, needs_stages=None):
+def check_net(net, n_classes, image_size):
     """Fails (exit 2) unless ``--net`` can train on such images.
 
     The four networks: their minimum image size. ``module:callable``: it
@@ -245,28 +245,16 @@ def check_net(net, n_classes, image_size, needs_stages=None):
         net (str): The ``--net`` value.
         n_classes (int): ``--classes``.
         image_size (int): The run's image side.
-        needs_stages (str or None): The command, where it still needs the
-            stages of a staged network (docs/INTERFACES.md): a callable
-            whose model has none is refused, naming the command. Issue 18's
-            per-layer cost model removes that need.
     """
     import models
     try:
-        link = models.check_network(net, n_classes, image_size)
+        models.check_network(net, n_classes, image_size)
     except ValueError as error:
         hint = ''
         if net in models.NETWORKS:  # the image size is all it can be
             hint = '; pass --image-size {} or more'.format(
                 models.min_image_size(net))
         fail('{}{}'.format(error, hint))
-    if needs_stages and link is not None and \
-            getattr(link, 'stages', None) is None:
-        fail('--net {}: {} still needs a network\'s stages '
-             '(docs/INTERFACES.md) to profile it, and the {} it returns has '
-             'none; until the cost model profiles any model per layer (issue '
-             '18), use one of {}'.format(net, needs_stages,
-                                         type(link).__name__,
-                                         ', '.join(models.NETWORKS)))
 
 
 def name_list(choices, what, everything=None):

@@ -27,8 +27,9 @@ every network, GPU preset and interconnect (``ib-edr``, ``ib-hdr``); and
 device on one node) against the total device count, a panel per network
 and preset, a line per method and interconnect.
 
-FLOPs are counted once per network at 224 px and cached
-(``results/costmodel/flops_cache.json``). The ``this-cpu`` preset is
+Each network's layers and their functions' FLOPs and bytes are counted
+once at 224 px and cached (``results/costmodel/flops_cache.json``). It
+prints the pay-off table (:func:`payoff_table`). The ``this-cpu`` preset is
 included for each network that has a CPU profile under
 ``results/profiles/`` (``python -m experiments.profile --net NET``); its
 times are scaled linearly from the profile's batch and image size is that
@@ -168,6 +169,43 @@ def predict_multinode_rows(net, profile, preset, network,
             'eff_cgdp': _round(result['eff_cgdp']),
             'best_chunk_size': result['best_chunk_size']})
     return rows
+
+
+def payoff_table(rows, batch=FIGURE_BATCH):
+    """"Will CGDP pay off for my model?": per network, preset and device
+    count, the predicted seconds per iteration of each scheme, CGDP's
+    speedup over ``ParallelUpdater`` and ``MultiprocessParallelUpdater``,
+    and the chunking CGDP would use (the runtime's default worker kind and
+    optimizer, ``batch`` images per device).
+
+    Returns:
+        str: A plain-text table.
+    """
+    header = ('{:10} {:9} {:>2} {:>10} {:>10} {:>10} {:>8} {:>8}  {}'.format(
+        'net', 'preset', 'N', 'typical_s', 'nccl_s', 'cgdp_s', 'x_typ',
+        'x_nccl', 'CGDPUpdater chunking'))
+    lines = [header]
+    for row in rows:
+        if row['workers'] != FIGURE_WORKERS or row['optimizer'] != \
+                FIGURE_OPTIMIZER or row['batch_per_device'] != batch or \
+                row['n_devices'] == 1:
+            continue
+        lines.append('{:10} {:9} {:>2} {:>10} {:>10} {:>10} {:>8} {:>8}  '
+                     '{}'.format(
+                         row['net'], row['preset'], row['n_devices'],
+                         _number(row['t_typical'], 4),
+                         _number(row['t_nccl'], 4), _number(row['t_cgdp'], 4),
+                         _number(row['speedup'], 2),
+                         _number(row['speedup_vs_nccl'], 2),
+                         costmodel.describe_chunking(
+                             row['best_chunk_size'])))
+    return '\n'.join(lines)
+
+
+def _number(value, digits):
+    """``value`` with ``digits`` decimals, or ``-`` where the scheme does
+    not exist (NCCL on CPU replicas)."""
+    return '-' if value is None else '{:.{}f}'.format(value, digits)
 
 
 def save_figure(fig, path):
@@ -338,8 +376,9 @@ def write_notes(path, presets, cpu_nets):
         'every GPU); nccl = MultiprocessParallelUpdater (a process per GPU, '
         'NCCL reduce onto GPU 0, update there, NCCL broadcast); cgdp with '
         'workers process or thread; optimizers momentum_sgd and adam.',
-        'Compute on GPU presets: per stage (FLOPs at {} px x batch + layers '
-        'x conv_half_flops) / (peak x efficiency), at least the stage\'s '
+        'Compute on GPU presets: per Chainer function at {} px, the longest '
+        'of its FLOPs at the preset\'s efficiency, its bytes at the device\'s '
+        'memory bandwidth and a kernel launch; per layer at least its '
         'host-side launch time (function calls x per-call cost); see '
         'cgdp_chainer/costmodel/hardware.py for every constant and its '
         'source.'.format(IMAGE_SIZE),
@@ -404,8 +443,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     import models
     if args.net is not None:
-        cli.check_net(args.net, 1000, IMAGE_SIZE,
-                      needs_stages='experiments.costmodel_predict')
+        cli.check_net(args.net, 1000, IMAGE_SIZE)
     nets = [args.net] if args.net else args.nets or list(models.NETWORKS)
     cli.check_output_folder('--out', args.out)
     start = time.perf_counter()
@@ -434,6 +472,7 @@ def main(argv=None):
                 print('{}: this-cpu skipped: {}'.format(net, error))
         print('{}: done ({:.1f} s)'.format(net, time.perf_counter() - start),
               flush=True)
+    print(payoff_table(rows), flush=True)
     csv_path = os.path.join(args.out, 'predictions.csv')
     results.write_csv(csv_path, COLUMNS, rows)
     all_presets = presets + ([hardware.CPU_PRESET] if cpu_nets else [])

@@ -71,8 +71,7 @@ def parse_args(argv=None):
         (the default one if none was given).
     """
     args = build_parser().parse_args(argv)
-    cli.check_net(args.net, args.classes, args.image_size,
-                  needs_stages='experiments.profile')
+    cli.check_net(args.net, args.classes, args.image_size)
     if args.out is None:
         args.out = default_path(args.net, args.device[0], args.batch,
                                 args.image_size)
@@ -103,15 +102,14 @@ def main(argv=None):
     os.makedirs(folder, exist_ok=True)
     with files.atomic_path(path) as temporary:
         save_profile(profile, temporary)
-    stages = profile['stages']
+    layers = profile['layers']
     print('profiled {} on {} (batch {}, {} px) in {:.1f} s: forward {:.4f} '
-          's, backward {:.4f} s over {} stages; chunk overhead {:.2e} s; '
+          's, backward {:.4f} s over {} layers; '
           'copy {:.2f} GB/s; wrote {}'.format(
               args.net, device, args.batch, args.image_size,
               time.perf_counter() - start,
-              sum(s['forward_s'] for s in stages),
-              sum(s['backward_s'] for s in stages), len(stages),
-              profile['chunk_overhead']['backward_s'],
+              sum(s['forward_s'] for s in layers),
+              sum(s['backward_s'] for s in layers), len(layers),
               profile['copy']['d2h_bytes_per_s'] / 1e9, path))
 
 

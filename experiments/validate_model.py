@@ -12,12 +12,12 @@
    ``--summary PATH`` it compares with that run's single-process rows
    instead (``--latest``: the newest ``results/<net>/*/summary.csv``),
    which were not taken in the same sitting;
-2. profiles this CPU with one replica (N = 1 stages) at the measurement's
+2. profiles this CPU with one replica, per layer, at the measurement's
    batch and image size (``experiments.profile``), saving the profile under
    ``results/profiles/``; the profile keeps the median of its repetitions
    (``--statistic``), the same statistic as the measured iteration times
-   (``median_s``): the model adds up stage times, and the minimum of each
-   stage, a lower bound, under-predicts every point (``--statistic min``
+   (``median_s``): the model adds up layer times, and the minimum of each
+   layer, a lower bound, under-predicts every point (``--statistic min``
    is there for a machine shared with a varying load);
 3. predicts typical and CGDP iteration times at each measured N with the
    ``this-cpu`` preset (simulation and closed form), at the chunk size the
@@ -84,8 +84,10 @@ def chunk_sizes_of_run(folder):
 
 
 def measure(net, counts, batch, image_size, iterations, warmup, out_dir,
-            chunk_size=1):
-    """A short weak-scaling measurement of both modes on CPU replicas.
+            chunk_size=None, modes=MODES):
+    """A short weak-scaling measurement of ``modes`` on CPU replicas, CGDP
+    at ``chunk_size`` (``None``: the runtime's default chunks; ``'model'``:
+    the cost model's choice).
 
     Uses :func:`experiments.weak_scaling.time_mode`, so the updaters, data
     and timing are the experiment's own.
@@ -102,7 +104,7 @@ def measure(net, counts, batch, image_size, iterations, warmup, out_dir,
     os.makedirs(out_dir, exist_ok=True)
     for count in counts:
         specs = weak_scaling.device_specs_for('cpu', count)
-        for mode in MODES:
+        for mode in modes:
             seconds = []
 
             def on_step(index, elapsed, seconds=seconds):
@@ -136,6 +138,17 @@ def cgdp_workers():
     return parameter.default
 
 
+def runtime_chunking(chunk_size, n_layers):
+    """The cost model's name for the chunking a CGDP run used: its
+    ``chunk_size`` (layers per chunk, at most the model's layers), or,
+    where it had none, the runtime's default chunks of
+    ``DEFAULT_CHUNK_BYTES``."""
+    if chunk_size is None:
+        from cgdp_chainer.runtime import updater
+        return ('bytes', updater.DEFAULT_CHUNK_BYTES)
+    return min(int(chunk_size), n_layers)
+
+
 def predict_points(profile, summary, chunk_sizes, workers='process'):
     """Predicted seconds for every measured (mode, N) of the summary.
 
@@ -154,7 +167,8 @@ def predict_points(profile, summary, chunk_sizes, workers='process'):
         batch = point['batch_per_device']
         size = None
         if mode == results.CGDP:
-            size = min(chunk_sizes.get(n, 1) or 1, len(profile['stages']))
+            size = runtime_chunking(chunk_sizes.get(n),
+                                    len(profile['layers']))
         predicted, _ = costmodel.predict_mode(profile, hw, mode, n, batch,
                                               size, workers)
         closed, _ = costmodel.predict_mode(profile, hw, mode, n, batch,
@@ -163,7 +177,8 @@ def predict_points(profile, summary, chunk_sizes, workers='process'):
         rows.append({
             'net': None, 'mode': mode, 'n_devices': n,
             'batch_per_device': batch, 'image_size': point['image_size'],
-            'chunk_size': size, 'measured_s': measured,
+            'chunk_size': None if size is None else
+            costmodel.describe_chunking(size), 'measured_s': measured,
             'measured_iqr_s': point['iqr_s'], 'predicted_s': predicted,
             'closed_form_s': closed,
             'error': predicted / measured - 1.0})
@@ -210,16 +225,16 @@ def describe_profile(profile, batch):
 
 def format_table(rows):
     """The validation table as text."""
-    header = '{:<8} {:>3} {:>5} {:>10} {:>9} {:>10} {:>10} {:>8}'.format(
+    header = '{:<8} {:>3} {:>19} {:>10} {:>9} {:>10} {:>10} {:>8}'.format(
         'mode', 'N', 'chunk', 'measured', 'iqr', 'simulated', 'closed',
         'error')
     lines = [header, '-' * len(header)]
     for row in rows:
         lines.append(
-            '{:<8} {:>3} {:>5} {:>9.3f}s {:>8.3f}s {:>9.3f}s {:>9.3f}s '
+            '{:<8} {:>3} {:>19} {:>9.3f}s {:>8.3f}s {:>9.3f}s {:>9.3f}s '
             '{:>+7.1%}'.format(
                 row['mode'], row['n_devices'],
-                '-' if row['chunk_size'] is None else row['chunk_size'],
+                row['chunk_size'] or '-',
                 row['measured_s'], row['measured_iqr_s'],
                 row['predicted_s'], row['closed_form_s'], row['error']))
     return '\n'.join(lines)
@@ -264,7 +279,7 @@ def main(argv=None):
                              'validation_<net>.csv)')
     args = parser.parse_args(argv)
     cli.check_net(args.net, 1000, args.image_size or weak_scaling.defaults_for(
-        args.net, 'cpu').image_size, needs_stages='experiments.validate_model')
+        args.net, 'cpu').image_size)
     out = args.out or os.path.join(OUT_DIR, 'validation_{}.csv'.format(
         args.net))
     # Every path is checked before the first measurement.
@@ -290,6 +305,7 @@ def main(argv=None):
                      'first, or leave --latest out to measure now)'.format(
                          args.results, args.net, results.SUMMARY_FILE,
                          args.net))
+    choice = ([], {})  # CGDP at the model's choice: measured only now
     if summary_path is not None:
         if not os.path.exists(summary_path):
             cli.fail('no such summary file: {}'.format(summary_path))
@@ -319,6 +335,12 @@ def main(argv=None):
         summary, chunk_sizes = measure(args.net, args.devices, batch,
                                        image_size, args.iterations,
                                        args.warmup, out_dir)
+        print('measuring CGDP at the cost model\'s choice '
+              "(chunk_size='model')", flush=True)
+        choice = measure(args.net, args.devices, batch, image_size,
+                         args.iterations, args.warmup,
+                         os.path.join(out_dir, 'model_choice'),
+                         chunk_size='model', modes=(results.CGDP,))
     batches = {row['batch_per_device'] for row in summary}
     sizes = {row['image_size'] for row in summary}
     if len(batches) != 1 or len(sizes) != 1:
@@ -341,7 +363,8 @@ def main(argv=None):
     profile_module.save_profile(profile, profile_path)
     del model
 
-    rows = predict_points(profile, summary, chunk_sizes, workers)
+    rows = predict_points(profile, summary, chunk_sizes, workers) + \
+        predict_points(profile, choice[0], choice[1], workers)
     for row in rows:
         row['net'] = args.net
     errors = [abs(row['error']) for row in rows]

@@ -1,4 +1,4 @@
-"""The four reference networks of the CGDP paper, as stage sequences, and
+"""The four reference networks of the CGDP paper, as block sequences, and
 any other model named ``module:callable`` (see :mod:`models.custom`)."""
 from cgdp_chainer import _compat  # NOQA: must run before Chainer is imported
 
@@ -42,7 +42,7 @@ def get_model(name, n_classes=1000, seed=None):
 
     Returns:
         chainer.Link: The network; the four are
-        :class:`models.common.StagedNetwork`, whose ``stages`` follow
+        :class:`models.common.SequentialNetwork`, whose ``blocks`` follow
         ``docs/INTERFACES.md``.
 
     Raises:

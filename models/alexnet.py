@@ -1,11 +1,11 @@
-"""AlexNet, single tower (Krizhevsky 2014, "One weird trick"), as stages.
+"""AlexNet, single tower (Krizhevsky 2014, "One weird trick"), as blocks.
 
 The one-GPU form of AlexNet that Chainer's ImageNet example trains: five
 convolutions with 96, 256, 384, 384 and 256 filters, local response
 normalization after the first two, and three fully connected layers with
 4096, 4096 and ``n_classes`` units; 62,378,344 parameters for 1000 classes.
 
-Each stage is one learned layer with its activation, normalization, pooling
+Each block is one learned layer with its activation, normalization, pooling
 and dropout. Before fc6, adaptive average pooling brings the last feature
 map to the 6x6 grid fc6 is built for, so any input from 64x64 up works with
 the same parameters (at 224x224 the map is already 6x6 and the pooling does
@@ -31,8 +31,8 @@ _CONVOLUTIONS = (
 FEATURE_GRID = 6
 
 
-class AlexNet(common.StagedNetwork):
-    """Single-tower AlexNet; ``stages`` lists its eight layers.
+class AlexNet(common.SequentialNetwork):
+    """Single-tower AlexNet; ``blocks`` lists its eight layers.
 
     Args:
         n_classes (int): Number of output classes.
@@ -59,17 +59,17 @@ class AlexNet(common.StagedNetwork):
             conv = L.Convolution2D(
                 in_channels, out_channels, ksize, stride=stride, pad=pad,
                 initialW=initializers.lecun_normal())
-            self.add_stage(name, common.LayerStage(conv, before, after))
+            self.add_block(name, common.LayerBlock(conv, before, after))
             in_channels = out_channels
 
         fc_inputs = in_channels * FEATURE_GRID * FEATURE_GRID
-        self.add_stage('fc6', common.LayerStage(
+        self.add_block('fc6', common.LayerBlock(
             L.Linear(fc_inputs, 4096, initialW=initializers.lecun_normal()),
             before=[functools.partial(common.adaptive_average_pooling_2d,
                                       output_size=FEATURE_GRID)],
             after=[F.relu, common.dropout(0.5)]))
-        self.add_stage('fc7', common.LayerStage(
+        self.add_block('fc7', common.LayerBlock(
             L.Linear(4096, 4096, initialW=initializers.lecun_normal()),
             after=[F.relu, common.dropout(0.5)]))
-        self.add_stage('fc8', common.LayerStage(
+        self.add_block('fc8', common.LayerBlock(
             L.Linear(4096, n_classes, initialW=initializers.lecun_normal())))

@@ -1,8 +1,7 @@
 """A classifier link that understands auxiliary outputs, split into a head.
 
 ``chainer.links.Classifier`` computes the predictor and the loss in one
-call. The CGDP runtime runs the predictor's stages itself and then needs
-the loss part alone, so :class:`Classifier` separates it as :meth:`head`.
+call; :class:`Classifier` also offers the loss part alone, as :meth:`head`.
 It also accepts GoogLeNet's training-mode output ``(main, aux1, aux2)``.
 """
 import chainer

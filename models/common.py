@@ -7,8 +7,10 @@
   :func:`adaptive_average_pooling_2d` and :func:`global_average_pooling_2d`.
 * :class:`SeededInitializers`, which draws every weight from one seeded
   generator, so a seed (and nothing global) decides a model's parameters.
-* :class:`LayerStage` and :class:`StagedNetwork`, the building blocks of
-  the stage protocol in ``docs/INTERFACES.md``.
+* :class:`LayerBlock` and :class:`SequentialNetwork`: each network is a
+  sequence of blocks (a learned layer with what follows it), how it is
+  written, not an interface: the runtime and the cost model work on any
+  ``chainer.Link``, per layer.
 """
 import functools
 import math
@@ -89,9 +91,9 @@ def check_image_size(name, size):
 def check_input(name, x):
     """Validates a network's input batch before the first layer sees it.
 
-    Used as the first operation of each network's first stage, so the error
+    Used as the first operation of each network's first block, so the error
     comes with the same message whether the caller runs ``model(x)`` or the
-    stages one by one.
+    blocks one by one.
 
     Args:
         name (str): The network's name in ``models.NETWORKS``.
@@ -286,11 +288,11 @@ def dropout(ratio):
     return functools.partial(randomness.dropout, ratio=ratio)
 
 
-class LayerStage(chainer.Chain):
+class LayerBlock(chainer.Chain):
     """One learned layer with the parameter-free operations around it.
 
     Args:
-        layer (chainer.Link): The layer; its parameters are the stage's.
+        layer (chainer.Link): The layer; its parameters are the block's.
         before (sequence of callables): Applied to the input first (input
             checks, pooling that adapts the input to the layer).
         after (sequence of callables): Applied to the layer's output
@@ -298,7 +300,7 @@ class LayerStage(chainer.Chain):
     """
 
     def __init__(self, layer, before=(), after=()):
-        super(LayerStage, self).__init__()
+        super(LayerBlock, self).__init__()
         with self.init_scope():
             self.layer = layer
         self.before = tuple(before)
@@ -308,10 +310,10 @@ class LayerStage(chainer.Chain):
         """Applies ``before``, the layer, then ``after``.
 
         Args:
-            x (chainer.Variable): The stage's input.
+            x (chainer.Variable): The block's input.
 
         Returns:
-            chainer.Variable: The stage's output.
+            chainer.Variable: The block's output.
         """
         for function in self.before:
             x = function(x)
@@ -321,62 +323,62 @@ class LayerStage(chainer.Chain):
         return x
 
 
-class StagedNetwork(chainer.Chain):
-    """A network made of stages that are applied one after the other.
+class SequentialNetwork(chainer.Chain):
+    """A network made of blocks that are applied one after the other.
 
-    Subclasses call :meth:`add_stage` in order while building. ``forward``
-    applies :attr:`stages` in order, so the stage list and the model cannot
+    Subclasses call :meth:`add_block` in order while building. ``forward``
+    applies :attr:`blocks` in order, so the block list and the model cannot
     disagree.
 
-    Stages that are links are registered as children under their stage
-    name and looked up by name whenever :attr:`stages` is read. That keeps
+    Blocks that are links are registered as children under their block
+    name and looked up by name whenever :attr:`blocks` is read. That keeps
     the list right for copies made by ``Link.copy`` (Chainer's
     ``ParallelUpdater`` copies the model per device) and ``copy.deepcopy``,
     whose children are new objects.
     """
 
     def __init__(self):
-        super(StagedNetwork, self).__init__()
+        super(SequentialNetwork, self).__init__()
         # (name, function) pairs; function is None for a child link.
-        self._stage_entries = ()
+        self._block_entries = ()
 
-    def add_stage(self, name, stage):
-        """Appends a stage.
+    def add_block(self, name, block):
+        """Appends a block.
 
         Args:
-            name (str): Name of the stage (the child name for links).
-            stage (chainer.Link or callable): The stage; a callable that is
+            name (str): Name of the block (the child name for links).
+            block (chainer.Link or callable): The block; a callable that is
                 not a link must have no parameters.
         """
-        if isinstance(stage, chainer.Link):
+        if isinstance(block, chainer.Link):
             with self.init_scope():
-                setattr(self, name, stage)
+                setattr(self, name, block)
             entry = (name, None)
         else:
-            entry = (name, stage)
-        self._stage_entries = self._stage_entries + (entry,)
+            entry = (name, block)
+        self._block_entries = self._block_entries + (entry,)
 
     @property
-    def stages(self):
-        """list: The stages in order; applying them in turn is ``forward``."""
+    def blocks(self):
+        """list: The blocks in order; applying them in turn is ``forward``."""
         return [getattr(self, name) if function is None else function
-                for name, function in self._stage_entries]
+                for name, function in self._block_entries]
 
     @property
-    def stage_names(self):
-        """list of str: A name for each stage, in the order of ``stages``."""
-        return [name for name, _ in self._stage_entries]
+    def block_names(self):
+        """list of str: A name for each block, in the order of ``blocks``."""
+        return [name for name, _ in self._block_entries]
 
     def forward(self, x):
-        """Applies the stages in order.
+        """Applies the blocks in order.
 
         Args:
             x (chainer.Variable or array): Batch of shape (N, 3, H, W).
 
         Returns:
-            The last stage's output (see the network's class for its form).
+            The last block's output (see the network's class for its form).
         """
         h = x
-        for stage in self.stages:
-            h = stage(h)
+        for block in self.blocks:
+            h = block(h)
         return h

@@ -1,19 +1,19 @@
-"""GoogLeNet (Szegedy et al. 2015, Inception v1) as stages.
+"""GoogLeNet (Szegedy et al. 2015, Inception v1) as blocks.
 
 The same layers as ``chainer.links.GoogLeNet``, auxiliary classifiers
 included: 13,378,280 parameters for 1000 classes. Weights start from
 LeCun-uniform, as BVLC's Caffe model and ``GoogLeNet`` without a pretrained
 model do.
 
-Stages: the stem (three convolutions with their pooling and local response
+Blocks: the stem (three convolutions with their pooling and local response
 normalization), the nine inception modules (``inception_3a`` ...
 ``inception_5b``, each with the max pooling that follows it) and the head
 (global average pooling, dropout 0.4, classifier); eleven in all.
 
 The two auxiliary classifiers branch off after inception 4a and 4d and are
-part of those stages. In training mode (``chainer.config.train``) the
-4a stage turns the carry into a tuple ``(h, aux1)``, the 4d stage into
-``(h, aux1, aux2)``, the stages between pass the auxiliary logits through
+part of those blocks. In training mode (``chainer.config.train``) the
+4a block turns the carry into a tuple ``(h, aux1)``, the 4d block into
+``(h, aux1, aux2)``, the blocks between pass the auxiliary logits through
 untouched, and the head returns ``(main, aux1, aux2)``. In evaluation mode
 the auxiliary classifiers are skipped and the carry and the output stay
 single variables. ``models.Classifier`` weighs the auxiliary losses.
@@ -32,7 +32,7 @@ from models import common
 
 NAME = 'googlenet'
 
-# (stage name, in_channels, out1, proj3, out3, proj5, out5, proj_pool,
+# (block name, in_channels, out1, proj3, out3, proj5, out5, proj_pool,
 #  max pooling after the module, auxiliary classifier after the module)
 _INCEPTIONS = (
     ('inception_3a', 192, 64, 96, 128, 16, 32, 32, False, False),
@@ -52,7 +52,7 @@ def split_carry(carry):
     """Splits a carry into the main feature map and the auxiliary logits.
 
     Args:
-        carry (chainer.Variable or tuple): What the previous stage returned.
+        carry (chainer.Variable or tuple): What the previous block returned.
 
     Returns:
         tuple: ``(h, aux_outputs)`` with ``aux_outputs`` a (maybe empty)
@@ -153,7 +153,7 @@ class AuxiliaryClassifier(chainer.Chain):
         return self.fc2(h)
 
 
-class InceptionStage(chainer.Chain):
+class InceptionBlock(chainer.Chain):
     """One inception module, maybe followed by pooling and an aux classifier.
 
     Args:
@@ -164,7 +164,7 @@ class InceptionStage(chainer.Chain):
     """
 
     def __init__(self, inception, pool_after=False, auxiliary=None):
-        super(InceptionStage, self).__init__()
+        super(InceptionBlock, self).__init__()
         with self.init_scope():
             self.inception = inception
             self.auxiliary = auxiliary
@@ -219,8 +219,8 @@ class Head(chainer.Chain):
         return join_carry(self.fc(h), aux_outputs)
 
 
-class GoogLeNet(common.StagedNetwork):
-    """GoogLeNet with auxiliary classifiers; ``stages`` lists 11 stages.
+class GoogLeNet(common.SequentialNetwork):
+    """GoogLeNet with auxiliary classifiers; ``blocks`` lists 11 blocks.
 
     Args:
         n_classes (int): Number of output classes.
@@ -233,7 +233,7 @@ class GoogLeNet(common.StagedNetwork):
     def __init__(self, n_classes=1000, seed=None):
         super(GoogLeNet, self).__init__()
         initializers = common.SeededInitializers(seed)
-        self.add_stage('stem', Stem(initializers))
+        self.add_block('stem', Stem(initializers))
         out_channels = 192
         for (name, in_channels, out1, proj3, out3, proj5, out5, proj_pool,
              pool_after, has_auxiliary) in _INCEPTIONS:
@@ -245,6 +245,6 @@ class GoogLeNet(common.StagedNetwork):
             if has_auxiliary:
                 auxiliary = AuxiliaryClassifier(out_channels, n_classes,
                                                 initializers)
-            self.add_stage(name, InceptionStage(inception, pool_after,
+            self.add_block(name, InceptionBlock(inception, pool_after,
                                                 auxiliary))
-        self.add_stage('head', Head(out_channels, n_classes, initializers))
+        self.add_block('head', Head(out_channels, n_classes, initializers))

@@ -1,4 +1,4 @@
-"""ResNet-152 (He et al. 2016) as stages: one bottleneck block per stage.
+"""ResNet-152 (He et al. 2016) as blocks: one bottleneck block per block.
 
 The same layers as ``chainer.links.ResNet152Layers``: a 7x7 stem
 convolution with batch normalization and 3x3 max pooling, then 3, 8, 36 and
@@ -7,7 +7,7 @@ average pooling and a fully connected classifier; 60,192,872 parameters for
 1000 classes. As in the original MSRA model (and Chainer's default), a
 block that halves the resolution does so in its first 1x1 convolution.
 
-Stages: the stem, the 50 blocks (``res2_1`` ... ``res5_3``) and the head
+Blocks: the stem, the 50 blocks (``res2_1`` ... ``res5_3``) and the head
 (global average pooling and the classifier), 52 in all. Global average
 pooling makes the head independent of the input size.
 """
@@ -20,7 +20,7 @@ from models import common
 
 NAME = 'resnet152'
 
-# (stage prefix, number of blocks, bottleneck width, output channels,
+# (block prefix, number of blocks, bottleneck width, output channels,
 #  stride of the first block)
 _GROUPS = (
     ('res2', 3, 64, 256, 1),
@@ -122,8 +122,8 @@ class Stem(chainer.Chain):
         return common.max_pooling_3x3_stride2(h)
 
 
-class ResNet152(common.StagedNetwork):
-    """ResNet-152; ``stages`` lists the stem, 50 blocks and the head.
+class ResNet152(common.SequentialNetwork):
+    """ResNet-152; ``blocks`` lists the stem, 50 blocks and the head.
 
     Args:
         n_classes (int): Number of output classes.
@@ -135,15 +135,15 @@ class ResNet152(common.StagedNetwork):
     def __init__(self, n_classes=1000, seed=None):
         super(ResNet152, self).__init__()
         initializers = common.SeededInitializers(seed)
-        self.add_stage('stem', Stem(initializers))
+        self.add_block('stem', Stem(initializers))
         in_channels = 64
         for prefix, n_blocks, mid_channels, out_channels, stride in _GROUPS:
             for index in range(n_blocks):
                 block = Bottleneck(in_channels, mid_channels, out_channels,
                                    stride if index == 0 else 1, initializers)
-                self.add_stage('{}_{}'.format(prefix, index + 1), block)
+                self.add_block('{}_{}'.format(prefix, index + 1), block)
                 in_channels = out_channels
-        self.add_stage('head', common.LayerStage(
+        self.add_block('head', common.LayerBlock(
             L.Linear(in_channels, n_classes,
                      initialW=initializers.lecun_normal()),
             before=[common.global_average_pooling_2d]))

@@ -1,4 +1,4 @@
-"""VGG-16 (Simonyan and Zisserman 2015, configuration D) as stages.
+"""VGG-16 (Simonyan and Zisserman 2015, configuration D) as blocks.
 
 The same layers as ``chainer.links.VGG16Layers``: thirteen 3x3
 convolutions in five blocks, each block ending in 2x2 max pooling, then
@@ -6,7 +6,7 @@ fully connected layers of 4096, 4096 and ``n_classes`` units; 138,357,544
 parameters for 1000 classes. Weights start from N(0, 0.01) and biases from
 zero, as in ``VGG16Layers`` without a pretrained model.
 
-Each stage is one learned layer with its ReLU, the pooling that follows it
+Each block is one learned layer with its ReLU, the pooling that follows it
 and dropout. Before fc6, adaptive average pooling brings the last feature
 map to the 7x7 grid fc6 is built for (at 224x224 it is already 7x7), so
 inputs from 64x64 up share the same parameters.
@@ -26,8 +26,8 @@ _BLOCKS = ((64, 64), (128, 128), (256, 256, 256), (512, 512, 512),
 FEATURE_GRID = 7
 
 
-class VGG16(common.StagedNetwork):
-    """VGG-16; ``stages`` lists its sixteen layers.
+class VGG16(common.SequentialNetwork):
+    """VGG-16; ``blocks`` lists its sixteen layers.
 
     Args:
         n_classes (int): Number of output classes.
@@ -51,19 +51,19 @@ class VGG16(common.StagedNetwork):
                 conv = L.Convolution2D(
                     in_channels, out_channels, 3, stride=1, pad=1,
                     initialW=initializers.normal(0.01))
-                self.add_stage(
+                self.add_block(
                     'conv{}_{}'.format(block_index, conv_index),
-                    common.LayerStage(conv, before, after))
+                    common.LayerBlock(conv, before, after))
                 in_channels = out_channels
 
         fc_inputs = in_channels * FEATURE_GRID * FEATURE_GRID
-        self.add_stage('fc6', common.LayerStage(
+        self.add_block('fc6', common.LayerBlock(
             L.Linear(fc_inputs, 4096, initialW=initializers.normal(0.01)),
             before=[functools.partial(common.adaptive_average_pooling_2d,
                                       output_size=FEATURE_GRID)],
             after=[F.relu, common.dropout(0.5)]))
-        self.add_stage('fc7', common.LayerStage(
+        self.add_block('fc7', common.LayerBlock(
             L.Linear(4096, 4096, initialW=initializers.normal(0.01)),
             after=[F.relu, common.dropout(0.5)]))
-        self.add_stage('fc8', common.LayerStage(
+        self.add_block('fc8', common.LayerBlock(
             L.Linear(4096, n_classes, initialW=initializers.normal(0.01))))

@@ -1,4 +1,4 @@
-"""Small staged networks for the runtime's tests (fast on the CPU)."""
+"""Small sequential networks for the runtime's tests (fast on the CPU)."""
 import chainer
 import chainer.functions as F
 import chainer.links as L
@@ -6,7 +6,7 @@ import numpy
 
 
 class StagedMLP(chainer.Chain):
-    """Linear layers and ReLUs, one stage each (functions are stages too)."""
+    """Linear layers and ReLUs, one step each (functions are steps too)."""
 
     def __init__(self, sizes=(6, 10, 9, 8, 5), seed=0):
         super(StagedMLP, self).__init__()
@@ -19,17 +19,17 @@ class StagedMLP(chainer.Chain):
                 for a, b in zip(sizes, sizes[1:])])
 
     @property
-    def stages(self):
-        stages = []
+    def steps(self):
+        steps = []
         for i, layer in enumerate(self.layers):
-            stages.append(layer)
+            steps.append(layer)
             if i < len(self.layers) - 1:
-                stages.append(F.relu)
-        return stages
+                steps.append(F.relu)
+        return steps
 
     def forward(self, x):
-        for stage in self.stages:
-            x = stage(x)
+        for step in self.steps:
+            x = step(x)
         return x
 
 
@@ -77,12 +77,12 @@ class StagedAux(chainer.Chain):
             self.s3 = _OnMain(linear(8, 5))
 
     @property
-    def stages(self):
+    def steps(self):
         return [self.s0, self.s1, self.s2, self.s3]
 
     def forward(self, x):
-        for stage in self.stages:
-            x = stage(x)
+        for step in self.steps:
+            x = step(x)
         return x
 
 
@@ -101,7 +101,7 @@ def dataset(n=24, n_in=6, n_classes=5, seed=1):
 
 
 class Plain(chainer.Chain):
-    """StagedMLP's layers behind an ordinary forward, with no stages."""
+    """StagedMLP's layers behind an ordinary forward, with no steps."""
 
     def __init__(self):
         super(Plain, self).__init__()
@@ -113,7 +113,7 @@ class Plain(chainer.Chain):
 
 
 class RaiseAt(chainer.Link):
-    """A stage that raises at its ``at_call``-th call on one replica."""
+    """A step that raises at its ``at_call``-th call on one replica."""
 
     def __init__(self, at_call=-1, replica=None):
         super(RaiseAt, self).__init__()
@@ -127,12 +127,12 @@ class RaiseAt(chainer.Link):
             return x
         self.calls += 1
         if self.calls == self.at_call:
-            raise RuntimeError('injected stage failure')
+            raise RuntimeError('injected step failure')
         return x
 
 
 class FaultyMLP(StagedMLP):
-    """StagedMLP with a :class:`RaiseAt` stage in its middle."""
+    """StagedMLP with a :class:`RaiseAt` step in its middle."""
 
     def __init__(self, at_call=-1, replica=None):
         super(FaultyMLP, self).__init__()
@@ -140,9 +140,9 @@ class FaultyMLP(StagedMLP):
             self.fault = RaiseAt(at_call, replica)
 
     @property
-    def stages(self):
-        stages = super(FaultyMLP, self).stages
-        return stages[:3] + [self.fault] + stages[3:]
+    def steps(self):
+        steps = super(FaultyMLP, self).steps
+        return steps[:3] + [self.fault] + steps[3:]
 
 
 class _SlowBackward(chainer.FunctionNode):
@@ -161,7 +161,7 @@ class _SlowBackward(chainer.FunctionNode):
 
 
 class SlowBackwardStage(chainer.Link):
-    """A stage whose backward sleeps (to make a chunk's backward long)."""
+    """A step whose backward sleeps (to make a chunk's backward long)."""
 
     def __init__(self, seconds):
         super(SlowBackwardStage, self).__init__()
@@ -172,7 +172,7 @@ class SlowBackwardStage(chainer.Link):
 
 
 class SlowInputSideMLP(StagedMLP):
-    """StagedMLP whose second stage (in chunk 0 for chunk sizes of 2 or
+    """StagedMLP whose second step (in chunk 0 for chunk sizes of 2 or
     more) has a slow backward."""
 
     def __init__(self, seconds=0.3):
@@ -181,13 +181,13 @@ class SlowInputSideMLP(StagedMLP):
             self.slow = SlowBackwardStage(seconds)
 
     @property
-    def stages(self):
-        stages = super(SlowInputSideMLP, self).stages
-        return stages[:1] + [self.slow] + stages[1:]
+    def steps(self):
+        steps = super(SlowInputSideMLP, self).steps
+        return steps[:1] + [self.slow] + steps[1:]
 
 
 class SlowLaterStage(chainer.Link):
-    """A stage whose forward sleeps from its second call on."""
+    """A step whose forward sleeps from its second call on."""
 
     def __init__(self, seconds):
         super(SlowLaterStage, self).__init__()
@@ -211,9 +211,9 @@ class SlowLaterMLP(StagedMLP):
             self.slow = SlowLaterStage(seconds)
 
     @property
-    def stages(self):
-        stages = super(SlowLaterMLP, self).stages
-        return stages[:1] + [self.slow] + stages[1:]
+    def steps(self):
+        steps = super(SlowLaterMLP, self).steps
+        return steps[:1] + [self.slow] + steps[1:]
 
 
 class BlasProbe(chainer.Link):
@@ -229,7 +229,7 @@ class BlasProbe(chainer.Link):
 
 
 class ProbedMLP(StagedMLP):
-    """StagedMLP with a :class:`BlasProbe` stage first."""
+    """StagedMLP with a :class:`BlasProbe` step first."""
 
     def __init__(self):
         super(ProbedMLP, self).__init__()
@@ -237,8 +237,8 @@ class ProbedMLP(StagedMLP):
             self.probe = BlasProbe()
 
     @property
-    def stages(self):
-        return [self.probe] + super(ProbedMLP, self).stages
+    def steps(self):
+        return [self.probe] + super(ProbedMLP, self).steps
 
 
 class ModelAuxLoss(object):

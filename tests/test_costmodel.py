@@ -7,7 +7,8 @@ import numpy
 import pytest
 
 from cgdp_chainer import costmodel
-from cgdp_chainer.costmodel import flops
+from cgdp_chainer.costmodel import functions
+from cgdp_chainer.costmodel import layers
 from cgdp_chainer.costmodel import hardware
 from cgdp_chainer.costmodel import Workload
 
@@ -190,7 +191,7 @@ def test_fair_speeds_max_min():
 def cpu_profile(cores=1):
     """A measured-looking CPU profile: one stage of 1 s forward and 1 s
     backward, no parameters, free host operations."""
-    return {'device': '@numpy', 'batch': 1, 'stages': [
+    return {'device': '@numpy', 'batch': 1, 'layers': [
         {'forward_s': 1.0, 'backward_s': 1.0, 'forward_1t_s': 1.0,
          'backward_1t_s': 1.0, 'param_bytes': 0, 'param_arrays': 0}],
         'copy': {'d2h_bytes_per_s': 1e9, 'h2d_bytes_per_s': 1e9},
@@ -229,18 +230,18 @@ def gil_profile(cores, gil_share, blas_rate=1e9):
     its one-thread time outside BLAS: its FLOPs take the rest at
     ``blas_rate``."""
     profile = cpu_profile(cores)
-    stage = profile['stages'][0]
+    stage = profile['layers'][0]
     stage['forward_flops'] = (1.0 - gil_share) * blas_rate
     stage['backward_flops'] = (1.0 - gil_share) * blas_rate
     profile['machine']['blas_1t_flops'] = blas_rate
     return profile
 
 
-def test_stage_gil_seconds():
+def test_layer_gil_seconds():
     # 1 s on one thread, 2 GFLOP at 4 GFLOP/s: 0.5 s of arithmetic, 0.5 s
     # of Python; arithmetic beyond the measured time leaves none.
-    assert costmodel.stage_gil_seconds(1.0, 2e9, 4e9) == pytest.approx(0.5)
-    assert costmodel.stage_gil_seconds(0.1, 1e9, 4e9) == 0.0
+    assert costmodel.layer_gil_seconds(1.0, 2e9, 4e9) == pytest.approx(0.5)
+    assert costmodel.layer_gil_seconds(0.1, 1e9, 4e9) == 0.0
 
 
 def test_workload_gil_seconds_scale_with_the_batch():
@@ -290,20 +291,20 @@ def test_measured_busy_cores_of_a_replica():
     # 1 s per pass with both cores, 1.5 s with one: Amdahl says 1.5 cores
     # busy; the profile measured 2 (BLAS's idle thread spins).
     profile = cpu_profile(cores=2)
-    profile['stages'][0].update(forward_1t_s=1.5, backward_1t_s=1.5)
+    profile['layers'][0].update(forward_1t_s=1.5, backward_1t_s=1.5)
     hw = hardware.get_hardware('this-cpu', profile)
     work = costmodel.build_workload(profile, hw, 1)
-    assert costmodel.cpu_stage_times(work, hw, 2)[2] == pytest.approx(1.5)
+    assert costmodel.cpu_layer_times(work, hw, 2)[2] == pytest.approx(1.5)
     profile['whole'] = {'busy_cores': 2.0}
     work = costmodel.build_workload(profile, hw, 1)
-    assert costmodel.cpu_stage_times(work, hw, 2)[2] == pytest.approx(2.0)
-    assert costmodel.cpu_stage_times(work, hw, 1) == (
+    assert costmodel.cpu_layer_times(work, hw, 2)[2] == pytest.approx(2.0)
+    assert costmodel.cpu_layer_times(work, hw, 1) == (
         pytest.approx([1.5]), pytest.approx([1.5]), 1.0)
     # Four cores measured busy, two threads: halfway between 1 and 4
     # per thread: 1 + 3 x (2 - 1) / (4 - 1) = 2.
     four = hw.replace(cores=4, effective_cores=4.0)
     work.busy_cores = 4.0
-    assert costmodel.cpu_stage_times(work, four, 2)[2] == pytest.approx(2.0)
+    assert costmodel.cpu_layer_times(work, four, 2)[2] == pytest.approx(2.0)
 
 
 def test_a_replica_alone_runs_at_its_measured_speed():
@@ -311,7 +312,7 @@ def test_a_replica_alone_runs_at_its_measured_speed():
     # busy: alone it still takes its measured 2 s (its times include the
     # load). Two one-thread replicas (3 s each) share the 1.5 cores: 4 s.
     profile = cpu_profile(cores=2)
-    profile['stages'][0].update(forward_1t_s=1.5, backward_1t_s=1.5)
+    profile['layers'][0].update(forward_1t_s=1.5, backward_1t_s=1.5)
     profile['whole'] = {'busy_cores': 2.0}
     profile['machine']['effective_cores'] = 1.5
     hw = hardware.get_hardware('this-cpu', profile).replace(
@@ -337,10 +338,10 @@ def test_host_job_shares_the_cores_a_replica_keeps_busy(busy, expected):
     # update ends at 3.625 (3.75), the backward has 0.5 s left: 4.125
     # (4.25).
     profile = cpu_profile(cores=2)
-    profile['stages'] = [dict(profile['stages'][0], forward_1t_s=1.5,
+    profile['layers'] = [dict(profile['layers'][0], forward_1t_s=1.5,
                               backward_1t_s=1.5, param_bytes=0,
                               param_arrays=0) for _ in range(2)]
-    profile['stages'][1]['param_arrays'] = 1
+    profile['layers'][1]['param_arrays'] = 1
     profile['host']['ops']['update'] = {'per_array_s': 0.5,
                                         'per_byte_s': 0.0}
     if busy is not None:
@@ -388,10 +389,10 @@ def test_host_job_and_replica_share_the_gil():
     # update ends at 4, the backward has 0.5 s left and ends at 4.5.
     # Without the GIL they overlap: 4.
     profile = cpu_profile(cores=4)
-    profile['stages'] = [dict(profile['stages'][0], forward_flops=0.0,
+    profile['layers'] = [dict(profile['layers'][0], forward_flops=0.0,
                               backward_flops=0.0, param_bytes=0,
                               param_arrays=0) for _ in range(2)]
-    profile['stages'][1].update(param_bytes=4, param_arrays=1)
+    profile['layers'][1].update(param_bytes=4, param_arrays=1)
     profile['host']['ops']['update'] = {'per_array_s': 0.5,
                                         'per_byte_s': 0.0}
     profile['machine']['blas_1t_flops'] = 1e9
@@ -413,7 +414,7 @@ def test_host_job_and_replica_share_the_gil():
 
 class ConvLinear(chainer.Chain):
     """conv 3->4 (3x3, pad 1) + relu | conv 4->6 (3x3, stride 2, groups 2)
-    | linear 6*4*4 -> 10; three stages."""
+    | linear 6*4*4 -> 10; three layers."""
 
     def __init__(self):
         super(ConvLinear, self).__init__()
@@ -423,49 +424,107 @@ class ConvLinear(chainer.Chain):
                                       nobias=True)
             self.fc = L.Linear(6 * 4 * 4, 10)
 
-    @property
-    def stages(self):
-        return [lambda x: F.relu(self.c1(x)), self.c2, self.fc]
+    def forward(self, x):
+        return self.fc(self.c2(F.relu(self.c1(x))))
 
 
-def test_flops_of_a_small_conv_linear_model():
-    model = ConvLinear()
-    costs = flops.stage_costs(model, image_size=8, batch=2)
-    # c1: 2 images x 4 out channels x 8 x 8 outputs x 3 in x 3 x 3 kernel.
-    c1 = 2 * 4 * 8 * 8 * 3 * 3 * 3
-    # c2: 2 x 6 x 4 x 4 outputs x (4 / 2 groups) x 3 x 3.
-    c2 = 2 * 6 * 4 * 4 * 2 * 3 * 3
-    fc = 2 * 96 * 10
-    assert [c['forward_macs'] for c in costs] == [c1, c2, fc]
-    # The input needs no gradient: c1's backward is the weight gradient
-    # only; the others compute both gradients.
-    assert [c['backward_macs'] for c in costs] == [c1, 2 * c2, 2 * fc]
-    assert costs[1]['forward_flops'] == 2 * c2 / 2  # per image
-    assert [c['param_bytes'] for c in costs] == [
-        4 * (4 * 3 * 3 * 3 + 4), 4 * (6 * 2 * 3 * 3), 4 * (96 * 10 + 10)]
-    # c1 is called from a plain function: its parameters count with stage
-    # 0, the lowest chunk, as the runtime assigns them.
-    assert [c['param_arrays'] for c in costs] == [2, 1, 2]
+def _costs_of(forward, *inputs):
+    return functions.count_forward(lambda: forward(*inputs),
+                                   no_grad_inputs=inputs[:1])
 
 
-def test_flops_of_a_deconvolution():
-    class Deconv(chainer.Chain):
-        def __init__(self):
-            super(Deconv, self).__init__()
-            with self.init_scope():
-                self.d = L.Deconvolution2D(3, 5, 4, stride=2, pad=1)
+def test_flops_and_bytes_of_a_convolution_and_a_linear():
+    x = numpy.ones((2, 3, 8, 8), dtype=numpy.float32)
+    conv = L.Convolution2D(3, 4, 3, pad=1)
+    cost, = _costs_of(conv, x)
+    # 2 x K x K x Cin x Cout x Hout x Wout per image, 2 images.
+    assert cost.kind == 'matmul'
+    assert cost.flops == 2 * (2 * 3 * 3 * 3 * 4 * 8 * 8)
+    assert cost.bytes_read == 4 * (2 * 3 * 8 * 8 + 4 * 3 * 3 * 3 + 4)
+    assert cost.bytes_written == 4 * 2 * 4 * 8 * 8
+    assert cost.param_bytes == 4 * (4 * 3 * 3 * 3 + 4)
+    # The network input needs no gradient: the weight gradient only.
+    assert cost.backward_flops == cost.flops
+    h = numpy.ones((5, 7), dtype=numpy.float32)
+    linear = L.Linear(7, 3)
+    cost, = functions.count_forward(lambda: linear(h))
+    assert cost.flops == 2 * 5 * 7 * 3
+    assert cost.bytes_read == 4 * (5 * 7 + 3 * 7 + 3)
+    assert cost.bytes_written == 4 * 5 * 3
+    assert cost.backward_flops == 2 * cost.flops  # both gradients
 
-        @property
-        def stages(self):
-            return [self.d]
-    costs = flops.stage_costs(Deconv(), image_size=6, batch=1)
+
+def test_flops_and_bytes_of_a_grouped_strided_convolution_and_deconv():
+    x = numpy.ones((1, 4, 8, 8), dtype=numpy.float32)
+    conv = L.Convolution2D(4, 6, 3, stride=2, pad=1, groups=2, nobias=True)
+    cost, = _costs_of(conv, x)
+    # 6 x 4 x 4 outputs x (4 / 2 groups) x 3 x 3 multiply-adds.
+    assert cost.flops == 2 * 6 * 4 * 4 * 2 * 3 * 3
+    deconv = L.Deconvolution2D(3, 5, 4, stride=2, pad=1)
+    cost, = _costs_of(deconv, numpy.ones((1, 3, 6, 6), numpy.float32))
     # Every input element is spread over 5 channels x 4 x 4 weights.
-    assert costs[0]['forward_macs'] == 3 * 6 * 6 * 5 * 4 * 4
+    assert cost.flops == 2 * 3 * 6 * 6 * 5 * 4 * 4
+
+
+def test_flops_and_bytes_of_batch_normalization_and_concat():
+    x = numpy.ones((2, 3, 4, 4), dtype=numpy.float32)
+    bn = L.BatchNormalization(3)
+    cost, = functions.count_forward(lambda: bn(x))
+    elements = 2 * 3 * 4 * 4
+    # Training: mean and variance (3 per element) and the normalized,
+    # scaled, shifted output (4 per element).
+    assert cost.kind == 'normalization'
+    assert cost.flops == 7 * elements
+    assert cost.bytes_read == 4 * (elements + 3 + 3)
+    assert cost.bytes_written == 4 * elements
+    a = numpy.ones((2, 3), dtype=numpy.float32)
+    b = numpy.ones((2, 5), dtype=numpy.float32)
+    cost, = functions.count_forward(lambda: F.concat((a, b), axis=1))
+    assert cost.kind == 'layout'
+    assert cost.flops == 0
+    assert cost.bytes_read == 4 * (6 + 10)
+    assert cost.bytes_written == 4 * 16
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('net', ['alexnet', 'googlenet', 'vgg16',
+                                 'resnet152'])
+def test_matrix_product_flops_of_the_four_networks(net):
+    # The textbook count from each layer's shapes: 2 x K x K x Cin/groups
+    # x Cout x Hout x Wout per convolution, 2 x in x out per linear layer;
+    # the shapes come from a LinkHook, the hook's totals from the
+    # functions it saw.
+    import models
+    model = models.Classifier(models.get_model(net, n_classes=10, seed=0))
+    x = numpy.zeros((1, 3, 64, 64), dtype=numpy.float32)
+    t = numpy.zeros(1, dtype=numpy.int32)
+    expected = []
+
+    class Shapes(chainer.LinkHook):
+        name = 'Shapes'
+
+        def forward_postprocess(self, args):
+            link, out = args.link, args.out
+            if isinstance(link, L.Convolution2D):
+                kh, kw = link.ksize if isinstance(link.ksize, tuple) \
+                    else (link.ksize, link.ksize)
+                cin = link.W.shape[1]
+                expected.append(2 * kh * kw * cin * out.size)
+            elif isinstance(link, L.Linear):
+                expected.append(2 * link.W.size * out.shape[0])
+    hook = Shapes()
+    with hook:
+        costs = functions.count_forward(lambda: model(x, t),
+                                        no_grad_inputs=(x,))
+    counted = functions.totals(costs, ('matmul',))['flops']
+    assert counted == pytest.approx(sum(expected), rel=0.01)
+    assert sum(1 for c in costs if c.kind == 'other') == 0
 
 
 def test_flops_profile_predicts():
     model = ConvLinear()
-    profile = {'stages': flops.stage_costs(model, image_size=8), 'batch': 1}
+    profile = {'layers': layers.cached_layer_costs(model, 8, n_classes=10),
+               'batch': 1}
     result = costmodel.predict(profile, 'minsky', 2, 16)
     assert set(result) >= {'t_typical', 't_cgdp', 'speedup', 'eff_typical',
                            'eff_cgdp', 'best_chunk_size'}
@@ -479,36 +538,20 @@ def test_flops_profile_predicts():
 
 def test_profile_model_and_choose_chunk_size():
     from experiments import profile as profile_module
-    model = ConvLinear()
-
-    class Staged(chainer.Chain):
-        def __init__(self):
-            super(Staged, self).__init__()
-            with self.init_scope():
-                self.net = model
-
-        @property
-        def stages(self):
-            return model.stages
-
-        def forward(self, x):
-            for stage in self.stages:
-                x = stage(x)
-            return x
-    target = L.Classifier(Staged())
+    target = L.Classifier(ConvLinear())
     profile = profile_module.profile_model(target, '@numpy', 2, 8, reps=1,
                                            n_classes=10)
-    assert len(profile['stages']) == 3
+    assert len(profile['layers']) == 3
     assert all(s['forward_s'] >= 0 and s['backward_s'] >= 0
-               for s in profile['stages'])
-    assert sum(s['param_bytes'] for s in profile['stages']) == sum(
+               for s in profile['layers'])
+    assert sum(s['param_bytes'] for s in profile['layers']) == sum(
         p.array.nbytes for p in target.params())
     assert profile['copy']['d2h_bytes_per_s'] > 0
     assert set(profile['host']['ops']) == {
         'reduce2', 'reduce_slot', 'update', 'addgrads', 'copyparams'}
     assert set(profile['host']['update_rules']) == {'momentum_sgd', 'adam'}
     assert set(profile['host']['fused']) == {'momentum_sgd', 'adam'}
-    assert [s['forward_calls'] for s in profile['stages']][:2] == [2, 1]
+    assert [s['forward_calls'] for s in profile['layers']][:2] == [2, 1]
     assert profile['machine']['function_call']['forward_s'] > 0
     # One thread's matrix-product rate: a real CPU does GFLOP/s; the
     # replica keeps at least part of a core busy.
@@ -555,12 +598,12 @@ def test_bad_chunk_size_and_batch():
     work = workload([1.0, 1.0], [1.0, 1.0], [1, 1])
     with pytest.raises(ValueError, match='1 to 2'):
         costmodel.simulate_cgdp(work, make_hardware(), 1, 3)
-    profile = {'stages': [{'forward_flops': 1.0, 'backward_flops': 1.0,
+    profile = {'layers': [{'forward_flops': 1.0, 'backward_flops': 1.0,
                            'param_bytes': 4}]}
     with pytest.raises(ValueError, match='batch'):
         costmodel.predict(profile, 'minsky', 1, 0)
-    with pytest.raises(ValueError, match='stages'):
-        costmodel.predict({'stages': []}, 'minsky', 1, 1)
+    with pytest.raises(ValueError, match='layers'):
+        costmodel.predict({'layers': []}, 'minsky', 1, 1)
 
 
 def test_bad_peer_scope_lists_the_scopes():
@@ -574,8 +617,8 @@ def pipeline_profile(overhead_s):
     chunks each cost ``overhead_s`` more; two cores, so that a host job
     runs beside the replica."""
     profile = cpu_profile(cores=2)
-    stage = dict(profile['stages'][0], param_bytes=4, param_arrays=1)
-    profile['stages'] = [dict(stage) for _ in range(4)]
+    stage = dict(profile['layers'][0], param_bytes=4, param_arrays=1)
+    profile['layers'] = [dict(stage) for _ in range(4)]
     profile['host']['ops']['update'] = {'per_array_s': 0.4,
                                         'per_byte_s': 0.0}
     profile['chunk_overhead'] = {'forward_s': overhead_s,
@@ -600,16 +643,32 @@ def test_model_chunk_chooser_follows_the_profile():
         costmodel.ModelChunkChooser(hardware='dgx')
 
 
+class _PlainNet(chainer.Chain):
+    """A model without stages: a convolution and three linear layers."""
+
+    def __init__(self):
+        super(_PlainNet, self).__init__()
+        with self.init_scope():
+            self.conv = L.Convolution2D(3, 4, 3, pad=1)
+            self.l1 = L.Linear(None, 16)
+            self.l2 = L.Linear(16, 16)
+            self.l3 = L.Linear(16, 5)
+
+    def forward(self, x):
+        h = F.relu(self.conv(x))
+        return self.l3(F.relu(self.l2(F.relu(self.l1(h)))))
+
+
 def test_updater_runs_the_chunk_size_the_chooser_recorded():
     # CGDPUpdater(chunk_size=chooser) profiles replica 0 on its share of
-    # the first batch through the chooser, then trains at its choice.
+    # the first batch through the chooser, then trains at its choice, on
+    # a model without stages.
     from cgdp_chainer import CGDPUpdater
-    from staged_models import StagedMLP
-    model = L.Classifier(StagedMLP())
+    model = L.Classifier(_PlainNet())
     optimizer = chainer.optimizers.MomentumSGD(lr=0.01)
     optimizer.setup(model)
     rng = numpy.random.RandomState(0)
-    data = [(rng.rand(6).astype(numpy.float32), numpy.int32(i % 5))
+    data = [(rng.rand(3, 6, 6).astype(numpy.float32), numpy.int32(i % 5))
             for i in range(16)]
     iterator = chainer.iterators.SerialIterator(data, 8, shuffle=False)
     chooser = costmodel.ModelChunkChooser(reps=1)
@@ -618,21 +677,68 @@ def test_updater_runs_the_chunk_size_the_chooser_recorded():
     try:
         updater.update()
         assert chooser.profile is not None
-        assert len(chooser.profile['stages']) == updater.n_stages
+        # One record per layer, input side first: the reverse of the
+        # runtime's ready order.
+        assert [r['name'] for r in chooser.profile['layers']] == [
+            '/predictor/conv', '/predictor/l1', '/predictor/l2',
+            '/predictor/l3']
+        assert len(chooser.profile['layers']) == updater.n_layers
         assert chooser.profile['batch'] == 4  # device 0's share
         # Only the optimizer the updater runs is measured.
         assert set(chooser.profile['host']['update_rules']) == {
             'momentum_sgd'}
-        # The choice is in stages; the updater's chunks count layers
-        # (StagedMLP: 7 stages, of which 4 own parameters).
-        assert chooser.layers_per_chunk == max(
-            1, round(chooser.choice * 4 / 7))
-        assert updater.chunk_size == chooser.layers_per_chunk
+        assert updater.chunk_size == chooser.choice
         assert chooser.predicted[chooser.choice] == min(
             chooser.predicted.values())
+        expected = costmodel.plan_chunks(
+            [r['param_bytes'] for r in chooser.profile['layers']],
+            chooser.choice)
+        assert updater.chunk_plan.n_chunks == len(expected)
         updater.update()
     finally:
         updater.finalize()
+
+
+def test_chunk_size_model_trains_a_model_without_stages():
+    from cgdp_chainer import CGDPUpdater
+    model = L.Classifier(_PlainNet())
+    optimizer = chainer.optimizers.MomentumSGD(lr=0.01)
+    optimizer.setup(model)
+    rng = numpy.random.RandomState(1)
+    data = [(rng.rand(3, 6, 6).astype(numpy.float32), numpy.int32(i % 5))
+            for i in range(16)]
+    iterator = chainer.iterators.SerialIterator(data, 8, shuffle=False)
+    updater = CGDPUpdater(iterator, optimizer, ['@numpy', '@numpy'],
+                          chunk_size='model', workers='thread')
+    try:
+        before = model.predictor.l2.W.array.copy()
+        updater.update()
+        updater.update()
+        assert 1 <= updater.chunk_size <= updater.n_layers
+        assert not numpy.array_equal(before, model.predictor.l2.W.array)
+    finally:
+        updater.finalize()
+
+
+def test_plan_chunks_forms_the_runtimes_chunks():
+    # Layers input side first; the runtime groups from the output end.
+    from cgdp_chainer.runtime import readiness
+    sizes = [400, 100, 300, 200, 100]
+    order = ['/l{}/W'.format(i) for i in reversed(range(len(sizes)))]
+    nbytes = {'/l{}/W'.format(i): b for i, b in enumerate(sizes)}
+    for chunking, kwargs in (
+            (2, {'chunk_size': 2}), (('bytes', 300), {'chunk_bytes': 300}),
+            (('bytes', 1), {'chunk_bytes': 1})):
+        plan = readiness.ChunkPlan.from_ready_order(order, nbytes=nbytes,
+                                                    **kwargs)
+        runtime = sorted(
+            sorted(int(path[2:]) for path in layers)
+            for layers in plan.layers)
+        model = [list(range(a, b)) for a, b in costmodel.plan_chunks(
+            sizes, chunking)]
+        assert model == runtime
+    with pytest.raises(ValueError, match='bytes'):
+        costmodel.plan_chunks(sizes, ('bytes', 0))
 
 
 def test_validation_points_and_prediction_rows():
@@ -650,14 +756,26 @@ def test_validation_points_and_prediction_rows():
     assert rows[0]['predicted_s'] == pytest.approx(4.0)
     assert rows[0]['error'] == pytest.approx(4.0 / 5.0 - 1.0)
     assert rows[1]['predicted_s'] == pytest.approx(4.0, rel=1e-3)
+    # A run at the runtime's default chunks is predicted at those chunks.
+    default = validate_model.predict_points(cpu_profile(), summary, {2: None})
+    assert default[1]['chunk_size'] == 'chunk_bytes={}'.format(1024 * 1024)
     assert 'typical' in validate_model.format_table(rows)
     assert 'GIL (75%' in validate_model.describe_profile(
         gil_profile(cores=1, gil_share=0.75), 1)
 
-    profile = {'stages': flops.stage_costs(ConvLinear(), image_size=8),
+    profile = {'layers': layers.cached_layer_costs(ConvLinear(), 8,
+                                                   n_classes=10),
                'batch': 1}
     predictions = costmodel_predict.predict_rows(
         'convlinear', profile, 'pcie3', counts=(1, 2), batches=(16,))
+    # The pay-off table: one line per device count above 1 (the runtime's
+    # default worker kind and optimizer), with the chunking to use.
+    table = costmodel_predict.payoff_table(predictions, batch=16).splitlines()
+    assert len(table) == 2
+    best = [r for r in predictions if r['workers'] == 'process' and
+            r['optimizer'] == 'momentum_sgd' and r['n_devices'] == 2][0]
+    assert table[1].split()[:3] == ['convlinear', 'pcie3', '2']
+    assert table[1].endswith('chunk_size={}'.format(best['best_chunk_size']))
     # Both worker kinds and both optimizers, each at N = 1 and 2.
     assert len(predictions) == 8
     assert {(r['workers'], r['optimizer']) for r in predictions} == {
@@ -672,6 +790,9 @@ def test_validation_points_and_prediction_rows():
         optimizers=costmodel_predict.measured_optimizers(cpu_profile()))
     assert {r['optimizer'] for r in cpu_rows} == {'momentum_sgd'}
     assert all(r['t_nccl'] is None for r in cpu_rows)
+    # No NCCL on CPU replicas: the pay-off table says so.
+    line = costmodel_predict.payoff_table(cpu_rows, batch=1).splitlines()[1]
+    assert line.split()[4] == '-' and line.split()[7] == '-'
 
 
 def test_validation_refuses_a_summary_with_only_multi_rank_rows(tmp_path,
@@ -827,7 +948,8 @@ def test_one_node_is_the_single_node_model():
         assert costmodel.chainermn_closed_form(work, hw, n, 1, crawl) == \
             costmodel.typical_closed_form(work, hw, n)
     # And through predict_multinode on a preset with a FLOPs profile.
-    profile = {'stages': flops.stage_costs(ConvLinear(), image_size=8),
+    profile = {'layers': layers.cached_layer_costs(ConvLinear(), 8,
+                                                   n_classes=10),
                'batch': 1}
     single = None
     for n in (1, 2, 4):
@@ -907,7 +1029,7 @@ def test_bad_network_and_node_count():
         hardware.get_network('10gbe')
     with pytest.raises(ValueError, match='ib-edr, ib-hdr'):
         hardware.get_network(12.5e9)
-    profile = {'stages': [{'forward_flops': 1.0, 'backward_flops': 1.0,
+    profile = {'layers': [{'forward_flops': 1.0, 'backward_flops': 1.0,
                            'param_bytes': 4}]}
     with pytest.raises(ValueError, match='unknown network'):
         costmodel.predict_multinode(profile, 'minsky', 'omnipath', 2, 4, 1)
@@ -925,7 +1047,8 @@ def test_bad_network_and_node_count():
 
 def test_multinode_prediction_rows():
     from experiments import costmodel_predict
-    profile = {'stages': flops.stage_costs(ConvLinear(), image_size=8),
+    profile = {'layers': layers.cached_layer_costs(ConvLinear(), 8,
+                                                   n_classes=10),
                'batch': 1}
     rows = costmodel_predict.predict_multinode_rows(
         'convlinear', profile, 'minsky', 'ib-edr', node_counts=(1, 2))
@@ -990,7 +1113,8 @@ def test_nccl_needs_a_gpu_preset():
 
 def test_predictions_include_both_baselines():
     model = ConvLinear()
-    profile = {'stages': flops.stage_costs(model, image_size=8), 'batch': 1}
+    profile = {'layers': layers.cached_layer_costs(model, 8, n_classes=10),
+               'batch': 1}
     result = costmodel.predict(profile, 'minsky', 4, 16)
     assert result['speedup_vs_nccl'] == pytest.approx(
         result['t_nccl'] / result['t_cgdp'])
@@ -1037,7 +1161,7 @@ def test_bad_worker_kind_names_the_choices():
         costmodel.simulate_cgdp(launch_workload(), make_hardware(), 2, 1,
                                 workers='fork')
     with pytest.raises(ValueError, match='workers'):
-        costmodel.predict({'stages': [{'forward_flops': 1.0,
+        costmodel.predict({'layers': [{'forward_flops': 1.0,
                                        'backward_flops': 1.0,
                                        'param_bytes': 4}]}, 'minsky', 2, 1,
                           workers=None)
@@ -1057,7 +1181,7 @@ def test_a_gpu_stage_takes_at_least_its_launch_time():
     # backward; 5 calls = 0.55 ms and 0.85 ms (compute-bound).
     hw = make_hardware(function_forward_s=100e-6,
                        function_backward_s=150e-6, kernel_launch_s=10e-6)
-    work = costmodel.build_workload({'stages': [flops_stage(20),
+    work = costmodel.build_workload({'layers': [flops_stage(20),
                                                 flops_stage(5)]}, hw, 1)
     assert work.forward_s == pytest.approx([2.2e-3, 1e-3])
     assert work.backward_s == pytest.approx([3.4e-3, 2e-3])
@@ -1066,7 +1190,7 @@ def test_a_gpu_stage_takes_at_least_its_launch_time():
     # Without function counts (an older profile) nothing is launch-bound.
     stage = flops_stage(20)
     del stage['forward_calls']
-    work = costmodel.build_workload({'stages': [stage]}, hw, 1)
+    work = costmodel.build_workload({'layers': [stage]}, hw, 1)
     assert work.forward_s == pytest.approx([1e-3])
     assert work.forward_gil_s is None
 
@@ -1076,19 +1200,20 @@ def test_small_layers_run_below_the_large_layer_rate():
     # one of 9 GFLOP at 0.9 of it (10 ms); two layers of 0.5 GFLOP each
     # pay the half size twice (3 ms).
     hw = make_hardware(conv_half_flops=1e9)
-    assert costmodel.inputs.gpu_stage_seconds(1e9, 1, 1, hw) == \
+    assert costmodel.inputs.gpu_flops_seconds(1e9, 1, 1, hw) == \
         pytest.approx(2e-3)
-    assert costmodel.inputs.gpu_stage_seconds(9e9, 1, 1, hw) == \
+    assert costmodel.inputs.gpu_flops_seconds(9e9, 1, 1, hw) == \
         pytest.approx(10e-3)
-    assert costmodel.inputs.gpu_stage_seconds(0.5e9, 2, 2, hw) == \
+    assert costmodel.inputs.gpu_flops_seconds(0.5e9, 2, 2, hw) == \
         pytest.approx(3e-3)
-    assert costmodel.inputs.gpu_stage_seconds(0.0, 1, 1, hw) == 0.0
+    assert costmodel.inputs.gpu_flops_seconds(0.0, 1, 1, hw) == 0.0
 
 
 def test_flops_count_calls_and_layers():
-    costs = flops.stage_costs(ConvLinear(), image_size=8, batch=2)
-    # conv + relu; conv; reshape + linear.
-    assert [c['forward_calls'] for c in costs] == [2, 1, 2]
+    costs = layers.cached_layer_costs(ConvLinear(), 8, n_classes=10)
+    # conv + relu; conv; reshape + linear with the loss and accuracy (the
+    # classifier's functions go with the layer called before them).
+    assert [c['forward_calls'] for c in costs] == [2, 1, 4]
     assert [c['counted_layers'] for c in costs] == [1, 1, 1]
 
 
@@ -1109,7 +1234,7 @@ def test_adam_costs_more_on_the_host_than_momentum_sgd():
 
 def test_measured_host_update_per_optimizer():
     profile = cpu_profile()
-    profile['stages'][0].update(param_bytes=400, param_arrays=2)
+    profile['layers'][0].update(param_bytes=400, param_arrays=2)
     profile['host']['update_rules'] = {
         'momentum_sgd': {'per_array_s': 1e-3, 'per_byte_s': 0.0},
         'adam': {'per_array_s': 4e-3, 'per_byte_s': 1e-5}}
@@ -1207,7 +1332,7 @@ def test_cpu_worker_processes_copy_gradients_before_their_next_backward():
     # into its shared slots (1 s) before the next chunk's backward: 2 + 1
     # + 1 + 1 + 1 = 6 s; threads hand them over by reference: 4 s.
     profile = cpu_profile(cores=2)
-    profile['stages'] = [dict(profile['stages'][0], param_bytes=10 ** 9,
+    profile['layers'] = [dict(profile['layers'][0], param_bytes=10 ** 9,
                               param_arrays=1) for _ in range(2)]
     hw = hardware.get_hardware('this-cpu', profile).replace(
         host_chunk_overhead_s=0.0)
@@ -1221,24 +1346,25 @@ def test_cpu_worker_processes_copy_gradients_before_their_next_backward():
             pytest.approx(expected)
 
 
-def test_profile_counts_forward_and_backward_calls():
+def test_profile_counts_forward_and_backward_calls_per_layer():
     from cgdp_chainer.costmodel import profiler
-    from staged_models import StagedMLP
-    target = L.Classifier(StagedMLP())
-    x = numpy.ones((2, 6), dtype=numpy.float32)
+    target = L.Classifier(_PlainNet())
+    x = numpy.ones((2, 3, 6, 6), dtype=numpy.float32)
     t = numpy.zeros(2, dtype=numpy.int32)
-    calls = profiler.count_calls(target, (x, t))
-    # Linear, ReLU, Linear, ReLU, Linear, ReLU, Linear (+ the loss and
-    # accuracy with the last stage); every call that builds the graph has
-    # a backward (accuracy does not).
-    assert [f for f, _ in calls[:6]] == [1, 1, 1, 1, 1, 1]
-    assert [b for _, b in calls[:6]] == [1, 1, 1, 1, 1, 1]
-    assert calls[6][0] > calls[6][1] >= 2
+    target(x, t)
+    records = profiler.measure_layers(target, chainer.get_device('@numpy'),
+                                      (x, t), reps=1)['layers']
+    calls = [(r['forward_calls'], r['backward_calls']) for r in records]
+    # conv + ReLU; l1's reshape, linear and ReLU; linear + ReLU; and the
+    # last linear with the loss and accuracy (which has no backward).
+    assert calls[:3] == [(2, 2), (3, 3), (2, 2)]
+    assert calls[3][0] == 3 and calls[3][1] == 2
+    assert all(r['forward_s'] > 0 and r['backward_s'] > 0 for r in records)
     # A measured backward count replaces the forward's in the launch time.
     hw = make_hardware(function_forward_s=1e-3, function_backward_s=1e-3,
                        kernel_launch_s=0.0)
     stage = dict(flops_stage(4, flops_per_image=0.0), backward_calls=2)
-    work = costmodel.build_workload({'stages': [stage]}, hw, 1)
+    work = costmodel.build_workload({'layers': [stage]}, hw, 1)
     assert work.forward_gil_s == pytest.approx([4e-3])
     assert work.backward_gil_s == pytest.approx([2e-3])
 
@@ -1248,7 +1374,7 @@ def test_host_jobs_run_the_fused_update_where_measured():
     # 3 x 1e-7) = 2.52 ms; the Python per array holds the GIL, the kernels
     # do not. Without the fused costs, Chainer's rules (2 x 2 ms).
     profile = cpu_profile()
-    profile['stages'][0].update(param_bytes=400, param_arrays=2)
+    profile['layers'][0].update(param_bytes=400, param_arrays=2)
     profile['host']['ops']['update'] = {'per_array_s': 2e-3,
                                         'per_byte_s': 0.0}
     profile['host']['fused'] = {'momentum_sgd': {
@@ -1280,7 +1406,8 @@ def test_measure_fused_host_update():
 
 
 def test_predict_mode_is_the_scheme_at_one_point():
-    profile = {'stages': flops.stage_costs(ConvLinear(), image_size=8),
+    profile = {'layers': layers.cached_layer_costs(ConvLinear(), 8,
+                                                   n_classes=10),
                'batch': 1}
     result = costmodel.predict(profile, 'minsky', 2, 16)
     for mode, key in (('typical', 't_typical'), ('nccl', 't_nccl'),
@@ -1293,3 +1420,45 @@ def test_predict_mode_is_the_scheme_at_one_point():
         == 3
     with pytest.raises(ValueError, match='typical, nccl, cgdp'):
         costmodel.predict_mode(profile, 'minsky', 'chainermn', 2, 16)
+
+
+def test_only_matrix_products_count_as_blas_work_for_the_gil():
+    # Batch normalization's FLOPs run in NumPy loops, not in BLAS: they do
+    # not shorten the time a CPU layer holds the interpreter lock.
+    record = layers.cached_layer_costs(_BatchNormNet(), 8, n_classes=10)[0]
+    kinds = {f['kind'] for f in record['functions']}
+    assert {'matmul', 'normalization'} <= kinds
+    matmul = sum(f['flops'] for f in record['functions']
+                 if f['kind'] == 'matmul')
+    assert costmodel.inputs.blas_flops(record) == matmul
+    assert costmodel.inputs.blas_flops(record) < record['forward_flops']
+
+
+class _BatchNormNet(chainer.Chain):
+    """One convolution whose link also owns a batch normalization's
+    parameters (one layer), then a linear layer."""
+
+    def __init__(self):
+        super(_BatchNormNet, self).__init__()
+        with self.init_scope():
+            self.conv = L.Convolution2D(3, 4, 3, pad=1)
+            self.fc = L.Linear(None, 10)
+        with self.conv.init_scope():
+            self.conv.gamma = chainer.Parameter(numpy.ones(4, numpy.float32))
+            self.conv.beta = chainer.Parameter(numpy.zeros(4, numpy.float32))
+
+    def forward(self, x):
+        h = self.conv(x)
+        h = F.batch_normalization(h, self.conv.gamma, self.conv.beta)
+        return self.fc(F.relu(h))
+
+
+def test_candidate_chunk_sizes_start_where_the_runtime_search_starts():
+    from cgdp_chainer.costmodel import predictions
+    from cgdp_chainer.runtime import updater
+    assert predictions.MAX_CANDIDATE_CHUNKS == \
+        updater.AUTO_SEARCH_MAX_CHUNKS
+    assert costmodel.candidate_chunk_sizes(4) == [1, 2, 4]
+    # ResNet-152's 311 layers: at most 64 chunks, so from 5 layers.
+    assert costmodel.candidate_chunk_sizes(311) == [5, 10, 20, 40, 80, 160,
+                                                    311]

@@ -1,4 +1,4 @@
-"""Tests of the four networks and their stage sequences (models/).
+"""Tests of the four networks and their block sequences (models/).
 
 Each big network is built once per module (the ``network`` fixture) at
 1000 classes, since the parameter counts are tested at that size. Forward
@@ -53,12 +53,12 @@ def labels(batch=BATCH, seed=0):
         0, N_CLASSES, size=batch).astype(numpy.int32)
 
 
-def run_stages(model, x):
-    """Applies the stages one by one; returns the output and every carry."""
+def run_blocks(model, x):
+    """Applies the blocks one by one; returns the output and every carry."""
     carries = []
     h = x
-    for stage in model.stages:
-        h = stage(h)
+    for block in model.blocks:
+        h = block(h)
         carries.append(h)
     return h, carries
 
@@ -103,14 +103,14 @@ def test_image_size_limit(name):
             models.check_image_size(name, too_small)
 
 
-def test_too_small_input_is_refused_by_model_and_first_stage(network):
+def test_too_small_input_is_refused_by_model_and_first_block(network):
     name, model = network
     x = images(SMALL - 1, batch=1)
     with pytest.raises(ValueError, match='{}.*at least 64x64.*63x63'.format(
             name)):
         model(x)
     with pytest.raises(ValueError, match='at least 64x64'):
-        model.stages[0](x)
+        model.blocks[0](x)
     with pytest.raises(ValueError, match=r'\(N, 3, H, W\)'):
         model(images(SMALL, batch=1)[:, :2])
 
@@ -138,23 +138,23 @@ def test_parameter_shapes_match_reference(network):
     assert own_shapes == expected
 
 
-def test_every_parameter_belongs_to_exactly_one_stage(network):
+def test_every_parameter_belongs_to_exactly_one_block(network):
     _, model = network
     owners = {}
-    for stage in model.stages:
-        if isinstance(stage, chainer.Link):
-            for param in stage.params():
-                assert id(param) not in owners, 'parameter in two stages'
-                owners[id(param)] = stage
+    for block in model.blocks:
+        if isinstance(block, chainer.Link):
+            for param in block.params():
+                assert id(param) not in owners, 'parameter in two blocks'
+                owners[id(param)] = block
         else:
-            assert callable(stage)
-            assert not isinstance(getattr(stage, '__self__', None),
+            assert callable(block)
+            assert not isinstance(getattr(block, '__self__', None),
                                   chainer.Link)
     assert set(owners) == {id(param) for param in model.params()}
-    assert len(model.stage_names) == len(model.stages)
+    assert len(model.block_names) == len(model.blocks)
 
 
-def test_stage_granularity(network):
+def test_block_granularity(network):
     name, model = network
     expected = {
         'alexnet': 8,    # five convolutions, three fully connected layers
@@ -162,15 +162,15 @@ def test_stage_granularity(network):
         'vgg16': 16,     # thirteen convolutions, three fully connected
         'resnet152': 52,  # stem, 3 + 8 + 36 + 3 bottleneck blocks, head
     }
-    assert len(model.stages) == expected[name]
+    assert len(model.blocks) == expected[name]
 
 
-def test_copied_model_uses_its_own_stages(network):
-    # ParallelUpdater copies the model per device: the copy's stages must
+def test_copied_model_uses_its_own_blocks(network):
+    # ParallelUpdater copies the model per device: the copy's blocks must
     # be the copy's links, not the original's.
     _, model = network
     copied = model.copy()
-    for original, copy in zip(model.stages, copied.stages):
+    for original, copy in zip(model.blocks, copied.blocks):
         if isinstance(original, chainer.Link):
             assert copy is not original
             assert any(copy is child for child in copied.children())
@@ -199,7 +199,7 @@ def test_seed_decides_the_parameters(network, seed):
 
 # --- forward and backward ----------------------------------------------------
 
-def test_stages_equal_model_forward_and_backward(network):
+def test_blocks_equal_model_forward_and_backward(network):
     _, model = network
     classifier = models.Classifier(model)
     x, t = images(SMALL), labels()
@@ -214,21 +214,21 @@ def test_stages_equal_model_forward_and_backward(network):
 
         numpy.random.seed(7)
         model.cleargrads()
-        y_stages, _ = run_stages(model, x)
-        loss_stages = classifier.head(y_stages, t)
-        loss_stages.backward()
-        grads_stages = gradients(model)
+        y_blocks, _ = run_blocks(model, x)
+        loss_blocks = classifier.head(y_blocks, t)
+        loss_blocks.backward()
+        grads_blocks = gradients(model)
         model.cleargrads()
 
-    assert len(as_tuple(y_stages)) == len(y_model)
-    for a, b in zip(as_tuple(y_stages), y_model):
+    assert len(as_tuple(y_blocks)) == len(y_model)
+    for a, b in zip(as_tuple(y_blocks), y_model):
         numpy.testing.assert_allclose(a.array, b.array, rtol=1e-6, atol=1e-6)
-    numpy.testing.assert_allclose(loss_stages.array, loss_model.array,
+    numpy.testing.assert_allclose(loss_blocks.array, loss_model.array,
                                   rtol=1e-6)
-    assert set(grads_stages) == set(grads_model)
+    assert set(grads_blocks) == set(grads_model)
     assert len(grads_model) == len(list(model.params()))
     for path, grad in grads_model.items():
-        numpy.testing.assert_allclose(grads_stages[path], grad, rtol=1e-5,
+        numpy.testing.assert_allclose(grads_blocks[path], grad, rtol=1e-5,
                                       atol=1e-7, err_msg=path)
 
 
@@ -241,12 +241,12 @@ def test_googlenet_auxiliary_outputs_and_losses(network):
 
     with chainer.using_config('train', True):
         numpy.random.seed(3)
-        y, carries = run_stages(model, x)
-        stage_names = model.stage_names
+        y, carries = run_blocks(model, x)
+        block_names = model.block_names
         # The carry becomes a tuple at each branch point and stays one.
         lengths = [len(as_tuple(carry)) for carry in carries]
-        first_aux = stage_names.index('inception_4a')
-        second_aux = stage_names.index('inception_4d')
+        first_aux = block_names.index('inception_4a')
+        second_aux = block_names.index('inception_4d')
         assert lengths[:first_aux] == [1] * first_aux
         assert lengths[first_aux:second_aux] == [2] * (second_aux - first_aux)
         assert lengths[second_aux:] == [3] * (len(lengths) - second_aux)
@@ -276,7 +276,7 @@ def test_evaluation_mode_returns_main_output_only(network):
     x, t = images(SMALL), labels()
     with chainer.using_config('train', False), \
             chainer.using_config('enable_backprop', False):
-        y, carries = run_stages(model, x)
+        y, carries = run_blocks(model, x)
         loss = classifier(x, t)
     assert all(isinstance(carry, chainer.Variable) for carry in carries)
     assert isinstance(y, chainer.Variable)
@@ -296,17 +296,17 @@ def test_canonical_size_reaches_the_classifier_grid(network):
                    'vgg16': ('fc6', (512, 7, 7)),
                    'googlenet': ('head', (1024, 7, 7)),
                    'resnet152': ('head', (2048, 7, 7))}
-    stage_name, feature_shape = grid_before[name]
-    stop = model.stage_names.index(stage_name)
+    block_name, feature_shape = grid_before[name]
+    stop = model.block_names.index(block_name)
     x = images(224, batch=1)
     with chainer.using_config('train', False), \
             chainer.using_config('enable_backprop', False):
         h = x
-        for stage in model.stages[:stop]:
-            h = stage(h)
+        for block in model.blocks[:stop]:
+            h = block(h)
         assert h.shape == (1,) + feature_shape
-        for stage in model.stages[stop:]:
-            h = stage(h)
+        for block in model.blocks[stop:]:
+            h = block(h)
     assert h.shape == (1, N_CLASSES)
 
 

@@ -10,10 +10,12 @@ what it leaves out.
 The package, along its seams:
 
 * :mod:`~cgdp_chainer.costmodel.inputs`: argument checks, profiles and the
-  per-stage :class:`Workload` of one replica on one machine;
+  per-layer :class:`Workload` of one replica on one machine;
 * :mod:`~cgdp_chainer.costmodel.profiler`,
-  :mod:`~cgdp_chainer.costmodel.flops`: measured profiles and FLOP
-  counts (they import Chainer; the rest does not);
+  :mod:`~cgdp_chainer.costmodel.layers`,
+  :mod:`~cgdp_chainer.costmodel.functions`: measured per-layer profiles
+  and per-function FLOPs and bytes of any model (they import Chainer; the
+  rest does not);
 * :mod:`~cgdp_chainer.costmodel.hardware`: machine and network presets;
 * :mod:`~cgdp_chainer.costmodel.costs`: seconds of each operation;
 * :mod:`~cgdp_chainer.costmodel.topology`: shared resources and copy paths;
@@ -29,11 +31,12 @@ The names below are the public interface; import them from here.
 from cgdp_chainer.costmodel.inputs import (  # NOQA
     CGDP, NCCL, OPTIMIZERS, TYPICAL, WORKERS, Workload, build_workload,
     check_batch, check_chunk_size, check_n_devices, check_n_nodes,
-    check_optimizer, check_profile, check_workers, flops_profile,
-    load_profile, resolve_network, stage_gil_seconds)
+    check_optimizer, check_profile, check_workers, describe_chunking,
+    flops_profile, plan_chunks,
+    load_profile, resolve_network, layer_gil_seconds)
 from cgdp_chainer.costmodel.costs import (  # NOQA
     BACKWARD_TRAFFIC, FORWARD_TRAFFIC, chunk_compute_times, chunk_gil_times,
-    cpu_stage_times, cpu_threads_per_replica, device_op_seconds,
+    cpu_layer_times, cpu_threads_per_replica, device_op_seconds,
     gil_demand, host_job_gil_seconds, host_job_parts, host_job_seconds,
     host_traffic_bytes, host_traffic_parts, replica_gil_share,
     ring_allreduce_seconds)
@@ -52,5 +55,4 @@ from cgdp_chainer.costmodel.predictions import (  # NOQA
     best_chunk_size, candidate_chunk_sizes, hardware_from_profile, predict,
     predict_mode, predict_multinode)
 from cgdp_chainer.costmodel.choose import (  # NOQA
-    ModelChunkChooser, choose_chunk_size, choose_chunk_size_for_replica,
-    choose_chunk_size_for_updater)
+    ModelChunkChooser, choose_chunk_size, choose_chunk_size_for_replica)

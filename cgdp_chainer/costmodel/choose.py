@@ -13,13 +13,13 @@ from cgdp_chainer.costmodel import inputs
 from cgdp_chainer.costmodel import predictions
 
 
-def choose_chunk_size(stage_profile, n_devices, hardware=None,
+def choose_chunk_size(profile, n_devices, hardware=None,
                       batch_per_device=None, workers='process',
                       optimizer='momentum_sgd'):
     """The chunk size the cost model predicts to be fastest.
 
     Args:
-        stage_profile (dict): A profile (see :func:`inputs.check_profile`).
+        profile (dict): A profile (see :func:`inputs.check_profile`).
         n_devices (int): Replicas.
         hardware (str, Hardware or None): The machine; ``None`` means the
             machine the profile was measured on.
@@ -32,21 +32,21 @@ def choose_chunk_size(stage_profile, n_devices, hardware=None,
     Returns:
         int: The chunk size.
     """
-    return _choice(stage_profile, n_devices, hardware, batch_per_device,
+    return _choice(profile, n_devices, hardware, batch_per_device,
                    workers, optimizer)[0]
 
 
-def _choice(stage_profile, n_devices, hardware, batch_per_device, workers,
+def _choice(profile, n_devices, hardware, batch_per_device, workers,
             optimizer):
     inputs.check_n_devices(n_devices)
     inputs.check_workers(workers)
     optimizer = inputs.check_optimizer(optimizer)
     if hardware is None:
-        hw = predictions.hardware_from_profile(stage_profile)
+        hw = predictions.hardware_from_profile(profile)
     else:
-        hw = hardware_module.get_hardware(hardware, stage_profile)
-    batch = batch_per_device or int(stage_profile.get('batch') or 1)
-    workload = inputs.build_workload(stage_profile, hw, batch, optimizer)
+        hw = hardware_module.get_hardware(hardware, profile)
+    batch = batch_per_device or int(profile.get('batch') or 1)
+    workload = inputs.build_workload(profile, hw, batch, optimizer)
     return predictions.best_chunk_size(workload, hw, n_devices,
                                        workers=workers)
 
@@ -75,10 +75,11 @@ def profile_for_choice(replica, device, in_arrays, loss_func=None,
     state as they were.
 
     Args:
-        replica (chainer.Link): A staged model on ``device``.
+        replica (chainer.Link): Any model on ``device``.
         device (chainer.backend.Device): Its device.
         in_arrays (tuple): ``(x, labels...)`` on ``device``.
-        loss_func (callable or None): ``loss_func(y, *labels)``.
+        loss_func (callable or None): ``loss_func(*in_arrays)``, as the
+            updater's.
         host_threads (int): The updater's host threads.
         reps (int): Timed repetitions.
         statistic (str): ``'median'`` or ``'min'``.
@@ -103,13 +104,13 @@ def choose_chunk_size_for_replica(replica, device, in_arrays, n_devices,
     """Profiles one replica on a batch and picks the chunk size.
 
     Args:
-        replica (chainer.Link): A staged model (or a classifier around
-            one) on ``device``.
+        replica (chainer.Link): Any model on ``device``.
         device (chainer.backend.Device): Its device.
         in_arrays (tuple): ``(x, labels...)`` on ``device`` (one device's
             share of a batch).
         n_devices (int): Replicas the updater runs.
-        loss_func (callable or None): ``loss_func(y, *labels)``.
+        loss_func (callable or None): ``loss_func(*in_arrays)``, as the
+            updater's.
         host_threads (int): The updater's host accumulator threads.
         workers (str): The updater's worker kind, ``'process'`` or
             ``'thread'``.
@@ -140,18 +141,15 @@ class ModelChunkChooser(object):
         reps (int): Profile repetitions (median).
         statistic (str): ``'median'`` or ``'min'`` of the repetitions.
 
-    The model predicts per stage (the profile times the target's
-    ``stages``); the runtime's chunks count layers (links that own
-    parameters), so a call returns the chosen stages per chunk times the
-    model's layers per stage.
+    The model predicts per layer (a link that directly owns parameters,
+    as the runtime's chunks count them), so the choice is the runtime's
+    ``chunk_size``: layers per chunk, for any model.
 
     Attributes:
         profile (dict or None): The last profile taken.
-        choice (int or None): The last chunk size chosen, in stages.
-        layers_per_chunk (int or None): What the last call returned: the
-            choice in layers, as ``CGDPUpdater``'s ``chunk_size`` counts.
-        predicted (dict): Chunk size (stages) -> predicted seconds per
-            iteration of the last choice.
+        choice (int or None): The last chunk size chosen (layers).
+        predicted (dict): Chunk size -> predicted seconds per iteration of
+            the last choice.
     """
 
     def __init__(self, hardware=None, reps=2, statistic='median'):
@@ -173,7 +171,6 @@ class ModelChunkChooser(object):
         self.statistic = statistic
         self.profile = None
         self.choice = None
-        self.layers_per_chunk = None
         self.predicted = {}
 
     def __call__(self, replica, device, in_arrays, n_devices, loss_func=None,
@@ -186,27 +183,13 @@ class ModelChunkChooser(object):
                 host_threads, int) or host_threads < 1:
             raise ValueError('host_threads must be an integer >= 1, got '
                              '{!r}'.format(host_threads))
-        from cgdp_chainer import chunking
-        from cgdp_chainer.runtime import readiness
-        stages = chunking.find_stages(replica)
-        if stages is None or loss_func is not None:
-            raise ValueError(
-                "chunk_size='model' profiles the target's stages and its "
-                'own loss (a staged model, or a Classifier around one, and '
-                'no loss_func); {} has {}: use an int, chunk_bytes= or '
-                "'auto'".format(type(replica).__name__,
-                                'no stages' if stages is None else
-                                'a loss_func'))
         if not isinstance(in_arrays, tuple):
             in_arrays = (in_arrays,)
-        profile = profile_for_choice(replica, device, in_arrays, None,
+        profile = profile_for_choice(replica, device, in_arrays, loss_func,
                                      host_threads, self.reps, self.statistic,
                                      _model_optimizer(optimizer))
-        size = self.choose_from_profile(profile, n_devices, workers,
+        return self.choose_from_profile(profile, n_devices, workers,
                                         optimizer)
-        layers_per_stage = readiness.count_layers(replica) / len(stages)
-        self.layers_per_chunk = max(1, int(round(size * layers_per_stage)))
-        return self.layers_per_chunk
 
     def choose_from_profile(self, profile, n_devices, workers='process',
                             optimizer=None):
@@ -222,28 +205,3 @@ class ModelChunkChooser(object):
     def __repr__(self):
         return 'ModelChunkChooser(hardware={!r}, reps={}, statistic={!r})'\
             .format(self.hardware, self.reps, self.statistic)
-
-
-def choose_chunk_size_for_updater(updater, sample_batch):
-    """Profiles the updater's first replica on a batch and picks a chunk size.
-
-    Kept for ``CGDPUpdater(chunk_size='model')`` until the updater calls
-    :class:`ModelChunkChooser` itself; it reads the updater's private
-    attributes, which :func:`choose_chunk_size_for_replica` does not need.
-
-    Args:
-        updater (cgdp_chainer.CGDPUpdater): The updater.
-        sample_batch (list): Device 0's examples of the first batch.
-
-    Returns:
-        int: The chunk size.
-    """
-    device = updater._devices[0]
-    accumulator = getattr(updater, '_accumulator', None)
-    pool = getattr(accumulator, '_pool', None)
-    return choose_chunk_size_for_replica(
-        updater._replicas[0], device, updater.converter(sample_batch, device),
-        len(updater._devices), loss_func=updater.loss_func,
-        host_threads=getattr(pool, '_max_workers', 1),
-        workers=getattr(updater, 'workers', 'thread'),
-        optimizer=updater.get_optimizer('main'))

@@ -3,7 +3,6 @@ recurrences, without the event simulation."""
 import heapq
 import math
 
-from cgdp_chainer import chunking
 from cgdp_chainer.costmodel import costs
 from cgdp_chainer.costmodel import engine
 from cgdp_chainer.costmodel import inputs
@@ -53,7 +52,7 @@ def typical_closed_form(workload, hardware, n_devices, iterations=2,
     n_bytes, arrays = workload.total_bytes, workload.total_arrays
     net_s = costs.ring_allreduce_seconds(n_bytes, n_nodes, network)
     if hardware.kind == 'cpu':
-        forward, backward, _ = costs.cpu_stage_times(workload, hardware,
+        forward, backward, _ = costs.cpu_layer_times(workload, hardware,
                                                      hardware.cores)
         f_s, b_s = costs.whole_model_times(workload, hardware, forward,
                                            backward)
@@ -71,7 +70,7 @@ def typical_closed_form(workload, hardware, n_devices, iterations=2,
     f_s, b_s = costs.whole_model_times(workload, hardware, workload.forward_s,
                                        workload.backward_s)
     compute = f_s + b_s
-    gil = costs.chunk_gil_times(workload, hardware, [(0, workload.n_stages)])
+    gil = costs.chunk_gil_times(workload, hardware, [(0, workload.n_layers)])
     if gil is not None:
         compute = max(compute, n_devices * (gil[0][0] + gil[1][0]))
     add_s = costs.device_op_seconds(workload, hardware, 'add', arrays, n_bytes)
@@ -169,19 +168,19 @@ def cgdp_phases(workload, hardware, n_devices, chunk_size, n_nodes=1,
         dict: ``forward`` (seconds of one replica's forward), lists
         ``backward``, ``d2h``, ``host``, ``allreduce`` (the chunk's ring
         all-reduce across the nodes; zeros for one node), ``h2d`` (one entry
-        per chunk, output end first) and ``chunks`` (their stage ranges).
+        per chunk, output end first) and ``chunks`` (their layer ranges).
         With ``n_nodes > 1`` also ``reduce`` and ``update``, the two host
         jobs (see :func:`costs.host_job_parts`), and ``host`` is their sum.
     """
     inputs.check_common(workload, hardware, n_devices)
-    inputs.check_chunk_size(chunk_size, workload.n_stages)
+    inputs.check_chunk_size(chunk_size, workload.n_layers)
     inputs.check_workers(workers)
     network = inputs.resolve_network(network, n_nodes)
-    chunks = chunking.plan_chunks(workload.n_stages, chunk_size)
+    chunks = inputs.plan_chunks(workload.param_bytes, chunk_size)
     slowdown = 1.0
     if hardware.kind == 'cpu':
         threads = costs.cpu_threads_per_replica(hardware, n_devices)
-        forward, backward, busy = costs.cpu_stage_times(workload, hardware,
+        forward, backward, busy = costs.cpu_layer_times(workload, hardware,
                                                         threads)
         # Replicas that compute at once share the cores (a replica alone
         # runs at its measured speed).

@@ -1,5 +1,5 @@
 """Seconds of the pieces of an iteration: host jobs, on-device operations,
-ring all-reduces, a CPU replica's stages at a BLAS-thread count, chunks
+ring all-reduces, a CPU replica's layers at a BLAS-thread count, chunks
 and the shares of the interpreter lock they hold."""
 
 
@@ -258,7 +258,7 @@ def cpu_threads_per_replica(hardware, n_devices):
 
 
 def _amdahl(t_all, t_one, cores, threads):
-    """Time of a stage with ``threads`` BLAS threads, from its measured
+    """Time of a layer with ``threads`` BLAS threads, from its measured
     times with all ``cores`` and with one thread, and the cores it keeps
     busy alone (its work rate in one-thread units).
 
@@ -277,8 +277,8 @@ def _amdahl(t_all, t_one, cores, threads):
     return time, t_one / time
 
 
-def cpu_stage_times(workload, hardware, threads):
-    """Per-stage forward and backward seconds of a CPU replica with
+def cpu_layer_times(workload, hardware, threads):
+    """Per-layer forward and backward seconds of a CPU replica with
     ``threads`` BLAS threads, and the cores it keeps busy: measured with
     all cores where the profile has it (``whole.busy_cores``, interpolated
     down to 1 for fewer threads), else the cores its BLAS work would keep
@@ -289,7 +289,7 @@ def cpu_stage_times(workload, hardware, threads):
     """
     forward, backward = [], []
     busy_time = work_time = 0.0
-    for index in range(workload.n_stages):
+    for index in range(workload.n_layers):
         pairs = ((workload.forward_s, workload.forward_1t_s, forward),
                  (workload.backward_s, workload.backward_1t_s, backward))
         for all_cores, one, out in pairs:
@@ -316,13 +316,13 @@ def cpu_stage_times(workload, hardware, threads):
 def chunk_compute_times(workload, hardware, forward, backward, chunks):
     """Forward and backward seconds of each chunk, with the per-chunk cost.
 
-    CPU replicas (measured): the sums of the stages plus the measured cost
+    CPU replicas (measured): the sums of the layers plus the measured cost
     of a chunk. GPUs: the queued device work, but at least the
     hardware's ``chunk_overhead_s`` for a backward (Python must issue it).
 
     Args:
-        forward, backward (list of float): Per-stage seconds.
-        chunks (list of (int, int)): Stage ranges.
+        forward, backward (list of float): Per-layer seconds.
+        chunks (list of (int, int)): Layer ranges.
 
     Returns:
         tuple of list: ``(forward per chunk, backward per chunk)``.
@@ -346,7 +346,7 @@ def chunk_compute_times(workload, hardware, forward, backward, chunks):
 def chunk_gil_times(workload, hardware, chunks):
     """GIL seconds of each chunk's forward and backward (CPU replicas).
 
-    The stages' GIL seconds (:func:`stage_gil_seconds`) plus the fixed cost
+    The layers' GIL seconds (:func:`layer_gil_seconds`) plus the fixed cost
     of a chunk, which is Python (the cut, the backward call, the hand-over).
 
     Returns:
@@ -378,7 +378,7 @@ def gil_demand(demands, gil_seconds, seconds):
 
 def replica_gil_share(workload, hardware, forward, backward, chunks):
     """The fraction of a CPU replica's compute that holds the GIL, at the
-    stage times ``forward`` and ``backward`` (0 when unknown)."""
+    layer times ``forward`` and ``backward`` (0 when unknown)."""
     gil = chunk_gil_times(workload, hardware, chunks)
     if gil is None:
         return 0.0
@@ -414,10 +414,10 @@ def cpu_memory_demand(hardware, demands, traffic_bytes, seconds):
 
 
 def cpu_compute(workload, hardware, threads, caps=None):
-    """Stage times and core demand of a CPU replica; raises the cores'
+    """Layer times and core demand of a CPU replica; raises the cores'
     capacity in ``caps`` to at least what one replica keeps busy, since its
     measured times already are those of a replica alone."""
-    forward, backward, busy = cpu_stage_times(workload, hardware, threads)
+    forward, backward, busy = cpu_layer_times(workload, hardware, threads)
     if caps is not None and 'cores' in caps:
         caps['cores'] = max(caps['cores'], busy)
     return forward, backward, {'cores': busy}

@@ -21,18 +21,26 @@ simulation:
 * ``gil`` (CPU replicas only): Python's global interpreter lock, capacity
   one, which the replica threads and the host threads of the process hold
   for the Python part of their work (see
-  :func:`cgdp_chainer.costmodel.stage_gil_seconds`).
+  :func:`cgdp_chainer.costmodel.layer_gil_seconds`).
 
-Compute time on a preset without a measured profile is, per stage,
-``(FLOPs + layers x conv_half_flops) / (peak_flops * compute_efficiency)``:
-each convolution or linear layer of ``W`` FLOPs runs at the efficiency
-``compute_efficiency x W / (W + conv_half_flops)`` (Hockney's half-performance
-size ``n_1/2``: small layers fill the GPU less well), and a stage takes at
-least its host-side time: ``calls x (function_forward_s + kernel_launch_s)``
-forward, ``calls x (function_backward_s + backward_kernels_per_call x
-kernel_launch_s)`` backward, the Python a replica's interpreter spends to
-issue the stage's Chainer functions (see :data:`MEASURED_HERE`). The
-efficiency factor of each preset is documented at its definition.
+Compute time on a preset without a measured profile is, per Chainer
+function of each layer
+(:func:`cgdp_chainer.costmodel.inputs.gpu_function_seconds`; FLOPs and
+bytes from :mod:`cgdp_chainer.costmodel.functions`), the longest of three: its arithmetic, its memory traffic at ``device_memory_bw``, and one
+kernel launch (``kernel_launch_s``). A convolution or linear function of
+``W`` FLOPs runs at the efficiency ``compute_efficiency x W / (W +
+conv_half_flops)`` (Hockney's half-performance size ``n_1/2``: small layers
+fill the GPU less well); any other function's FLOPs at
+``compute_efficiency``, so that memory-bound functions (batch
+normalization, activations, element-wise arithmetic) are priced by their
+bytes. A layer takes at least its host-side time: ``calls x
+(function_forward_s + kernel_launch_s)`` forward, ``calls x
+(function_backward_s + backward_kernels_per_call x kernel_launch_s)``
+backward, the Python a replica's interpreter spends to issue the layer's
+Chainer functions (see :data:`MEASURED_HERE`). The efficiency factor of
+each preset is documented at its definition; it was derived from whole
+networks' throughput (memory-bound layers included), so with those layers
+now priced by their bytes it is a conservative matrix-product rate.
 Achieved bandwidths are given, not theoretical ones, where the preset says
 "in practice".
 
@@ -93,10 +101,11 @@ class Hardware:
         physical_devices: Devices the machine really has.
         peak_flops: fp32 peak of one device, FLOP/s.
         compute_efficiency: Achieved fraction of ``peak_flops`` on
-            convolution/linear layers (covers the layers the FLOP count leaves
-            out: normalisation, activations, pooling).
-        device_memory_bw: One device's memory bandwidth; bounds the on-device
-            gradient sum and update of the typical data parallel baseline.
+            convolution/linear functions (and the rate of any other
+            function's FLOPs).
+        device_memory_bw: One device's memory bandwidth: what a function's
+            bytes take, and the on-device gradient sum and update of the
+            typical data parallel baseline.
         device_array_overhead_s: Fixed cost per parameter array per on-device
             operation (Chainer's Python dispatch plus a kernel launch).
         devices_per_socket: Devices attached to each CPU socket.
@@ -587,7 +596,7 @@ def this_cpu(profile):
     their copies and the host threads all run on ``cores`` cores (of which
     this process got ``effective_cores`` while profiling), and, being
     threads of one process, share one interpreter lock (the simulation's
-    ``gil`` resource; the profile gives each stage's share of it).
+    ``gil`` resource; the profile gives each layer's share of it).
 
     Args:
         profile (dict): A profile measured on this machine with
@@ -634,7 +643,7 @@ def this_cpu(profile):
         kind='cpu',
         physical_devices=max(1, cores),
         # Not used for compute (the profile has measured times), but
-        # describes the machine: FLOP/s measured on the profiled stages.
+        # describes the machine: FLOP/s measured on the profiled layers.
         peak_flops=float(machine.get('achieved_flops', 1e10)) or 1e10,
         compute_efficiency=1.0,
         device_memory_bw=bandwidth,

@@ -1,5 +1,5 @@
 """What the cost model takes in: checked arguments, profiles and the
-per-stage workload one replica brings to one machine."""
+per-layer workload one replica brings to one machine."""
 import dataclasses
 import json
 
@@ -114,29 +114,77 @@ def check_optimizer(optimizer):
                                                   optimizer))
 
 
-def check_chunk_size(chunk_size, n_stages):
-    """Checks a chunk size against the number of stages.
+def check_chunk_size(chunk_size, n_layers):
+    """Checks a chunking against the number of layers.
+
+    A chunking is what the runtime forms: an int ``k`` (``chunk_size=k``,
+    layers per chunk from the output end) or ``('bytes', n)``
+    (``chunk_bytes=n``; the runtime's default is ``('bytes', 1 MiB)``).
 
     Raises:
-        ValueError: ``chunk_size`` is not an integer in ``1..n_stages``.
+        ValueError: ``chunk_size`` is neither an integer in
+            ``1..n_layers`` nor ``('bytes', n)`` with a positive ``n``.
     """
+    if isinstance(chunk_size, tuple) and len(chunk_size) == 2 and \
+            chunk_size[0] == 'bytes' and isinstance(chunk_size[1], int) \
+            and not isinstance(chunk_size[1], bool) and chunk_size[1] >= 1:
+        return
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or \
-            not 1 <= chunk_size <= n_stages:
+            not 1 <= chunk_size <= n_layers:
         raise ValueError('chunk_size must be an integer from 1 to {} (the '
-                         'number of stages), got {!r}'.format(
-                             n_stages, chunk_size))
+                         "number of layers) or ('bytes', n), got {!r}".format(
+                             n_layers, chunk_size))
+
+
+def plan_chunks(param_bytes, chunk_size):
+    """The chunks the runtime forms, as layer ranges input side first.
+
+    Mirrors :meth:`cgdp_chainer.runtime.readiness.ChunkPlan.from_ready_order`
+    on layers listed input side first (the reverse of its backward order).
+
+    Args:
+        param_bytes (list of int): Parameter bytes per layer, input side
+            first.
+        chunk_size (int or tuple): See :func:`check_chunk_size`.
+
+    Returns:
+        list of (int, int): ``(start, stop)`` layer ranges, input side first.
+    """
+    n = len(param_bytes)
+    check_chunk_size(chunk_size, n)
+    if isinstance(chunk_size, tuple):
+        limit = chunk_size[1]
+        starts = [0]  # in backward order: 0 is the output-side layer
+        filled = 0
+        for i in range(n):
+            if filled >= limit:
+                starts.append(i)
+                filled = 0
+            filled += param_bytes[n - 1 - i]
+    else:
+        starts = list(range(0, n, chunk_size))
+    stops = starts[1:] + [n]
+    return [(n - stop, n - start) for start, stop in zip(starts, stops)][::-1]
+
+
+def describe_chunking(chunk_size):
+    """How the runtime is asked for a chunking: ``chunk_size=k`` or
+    ``chunk_bytes=n``."""
+    if isinstance(chunk_size, tuple):
+        return 'chunk_bytes={}'.format(chunk_size[1])
+    return 'chunk_size={}'.format(chunk_size)
 
 
 def check_common(workload, hardware, n_devices):
     """Checks the arguments every simulation and closed form takes.
 
     Raises:
-        ValueError: Bad device count, impossible hardware or no stages.
+        ValueError: Bad device count, impossible hardware or no layers.
     """
     check_n_devices(n_devices)
     hardware_module.validate(hardware)
-    if workload.n_stages < 1:
-        raise ValueError('the workload has no stages')
+    if workload.n_layers < 1:
+        raise ValueError('the workload has no layers')
 
 
 def check_gpu(hardware, what):
@@ -156,7 +204,7 @@ def check_profile(profile):
     """Checks that a profile has what the model needs.
 
     Args:
-        profile (dict): With a non-empty ``stages`` list; each stage has
+        profile (dict): With a non-empty ``layers`` list; each layer has
             ``param_bytes`` and either measured ``forward_s`` and
             ``backward_s`` or ``forward_flops`` and ``backward_flops`` (per
             image).
@@ -164,58 +212,60 @@ def check_profile(profile):
     Raises:
         ValueError: A field is missing or negative.
     """
-    if not isinstance(profile, dict) or not profile.get('stages'):
-        raise ValueError('a profile is a dict with a non-empty "stages" list '
+    if not isinstance(profile, dict) or not profile.get('layers'):
+        raise ValueError('a profile is a dict with a non-empty "layers" list '
                          '(see experiments.profile or '
                          'costmodel.flops_profile)')
-    for index, stage in enumerate(profile['stages']):
-        has_times = 'forward_s' in stage and 'backward_s' in stage
-        has_flops = 'forward_flops' in stage and 'backward_flops' in stage
+    for index, layer in enumerate(profile['layers']):
+        has_times = 'forward_s' in layer and 'backward_s' in layer
+        has_flops = 'forward_flops' in layer and 'backward_flops' in layer
         if not (has_times or has_flops):
-            raise ValueError('stage {} of the profile has neither forward_s/'
+            raise ValueError('layer {} of the profile has neither forward_s/'
                              'backward_s nor forward_flops/backward_flops'
                              .format(index))
-        if 'param_bytes' not in stage:
-            raise ValueError('stage {} of the profile lacks param_bytes'
+        if 'param_bytes' not in layer:
+            raise ValueError('layer {} of the profile lacks param_bytes'
                              .format(index))
         for key in ('forward_s', 'backward_s', 'forward_flops',
                     'backward_flops', 'param_bytes', 'param_arrays'):
-            if key in stage and stage[key] is not None and stage[key] < 0:
-                raise ValueError('stage {}: {} must not be negative, got '
-                                 '{!r}'.format(index, key, stage[key]))
+            if key in layer and layer[key] is not None and layer[key] < 0:
+                raise ValueError('layer {}: {} must not be negative, got '
+                                 '{!r}'.format(index, key, layer[key]))
 
 
 def flops_profile(net, image_size=224, n_classes=1000, cache_path=None):
-    """A profile with per-stage FLOPs and parameter sizes, no measured times.
+    """A profile with per-layer function costs, no measured times.
 
     Args:
-        net (str): A name in ``models.NETWORKS``.
+        net (str or chainer.Link): A name in ``models.NETWORKS``, or a
+            network mapping images to class scores.
         image_size (int): Input side in pixels.
         n_classes (int): Classifier outputs.
-        cache_path (str or None): FLOP cache file (see
-            :func:`cgdp_chainer.costmodel.flops.cached_stage_costs`).
+        cache_path (str or None): Cache file for named networks (see
+            :func:`cgdp_chainer.costmodel.layers.cached_layer_costs`).
 
     Returns:
         dict: A profile for :func:`predict` and friends.
     """
-    from cgdp_chainer.costmodel import flops
-    stages = flops.cached_stage_costs(net, image_size, n_classes=n_classes,
-                                      cache_path=cache_path)
-    return {'net': net, 'device': None, 'batch': 1,
-            'image_size': image_size, 'stages': stages}
+    from cgdp_chainer.costmodel import layers
+    records = layers.cached_layer_costs(net, image_size, n_classes=n_classes,
+                                        cache_path=cache_path)
+    return {'net': net if isinstance(net, str) else type(net).__name__,
+            'device': None, 'batch': 1, 'image_size': image_size,
+            'layers': records}
 
 
 @dataclasses.dataclass
 class Workload:
-    """Costs of one replica at one batch on one machine, per stage.
+    """Costs of one replica at one batch on one machine, per layer.
 
     Attributes:
-        forward_s, backward_s (list of float): Seconds per stage for one
+        forward_s, backward_s (list of float): Seconds per layer for one
             replica running alone (GPU) or with all cores (CPU); the loss
-            belongs to the last stage.
+            belongs to the last layer.
         forward_1t_s, backward_1t_s (list of float or None): CPU replicas:
             the same with one BLAS thread (for core sharing).
-        param_bytes, param_arrays (list of int): Per stage.
+        param_bytes, param_arrays (list of int): Per layer.
         host_ops (dict or None): Measured host costs: op name ->
             ``{'per_array_s', 'per_byte_s'}`` for ``reduce2`` (the mean of
             two slots), ``reduce_slot`` (each further slot), ``update`` (the
@@ -226,15 +276,15 @@ class Workload:
         device_update_s (float or None): Measured on-device update of the
             whole model.
         chunk_forward_overhead_s, chunk_backward_overhead_s (float or None):
-            Measured fixed cost of each chunk (the stage times exclude it);
+            Measured fixed cost of each chunk (the layer times exclude it);
             ``None``: the hardware's ``chunk_overhead_s`` applies.
         busy_cores (float or None): CPU replicas: cores one replica keeps
             busy with all BLAS threads (measured: CPU seconds per second of
-            a whole pass); ``None``: estimated from the stage times.
+            a whole pass); ``None``: estimated from the layer times.
         forward_gil_s, backward_gil_s (list of float or None): Host-side
-            seconds per stage that hold the replica's interpreter lock: on
+            seconds per layer that hold the replica's interpreter lock: on
             CPU replicas its time outside BLAS (see
-            :func:`stage_gil_seconds`), on GPUs the launch-bound host time
+            :func:`layer_gil_seconds`), on GPUs the launch-bound host time
             of its function calls (see :func:`launch_seconds`); ``None``:
             not known, the lock is not modelled.
         optimizer (str): The optimizer whose update is costed (one of
@@ -267,7 +317,7 @@ class Workload:
     measured: bool = False
 
     @property
-    def n_stages(self):
+    def n_layers(self):
         return len(self.forward_s)
 
     def update_op(self):
@@ -290,9 +340,9 @@ class Workload:
 
 
 def _uses_measured_times(profile, hardware):
-    stages = profile['stages']
+    layers = profile['layers']
     has_times = all(s.get('forward_s') is not None
-                    and s.get('backward_s') is not None for s in stages)
+                    and s.get('backward_s') is not None for s in layers)
     if not has_times:
         return False
     if hardware.kind == 'cpu':
@@ -300,20 +350,20 @@ def _uses_measured_times(profile, hardware):
     return profile.get('hardware') == hardware.name
 
 
-def stage_gil_seconds(seconds_1t, flops, blas_1t_flops):
-    """Seconds of a stage that hold the GIL, from its one-thread time.
+def layer_gil_seconds(seconds_1t, flops, blas_1t_flops):
+    """Seconds of a layer that hold the GIL, from its one-thread time.
 
-    A CPU replica's stage spends its time in two kinds of work: arithmetic
+    A CPU replica's layer spends its time in two kinds of work: arithmetic
     (the convolution and linear layers' matrix products, which BLAS runs
     without the GIL) and everything else, which Chainer's Python drives one
     NumPy call at a time: the interpreter, NumPy's dispatch and the small
     arrays' copies, padding and element-wise passes, whose time at this
     size is mostly dispatch. The second part is taken to hold the GIL: the
-    stage's one-thread time beyond its arithmetic at the single-thread
+    layer's one-thread time beyond its arithmetic at the single-thread
     matrix-product rate, ``max(0, t_1t - FLOPs / blas_1t_flops)``.
 
     Args:
-        seconds_1t (float): The stage's time with one BLAS thread.
+        seconds_1t (float): The layer's time with one BLAS thread.
         flops (float): Its arithmetic (FLOPs of the whole batch).
         blas_1t_flops (float): FLOP/s of a matrix product on one thread
             (:func:`cgdp_chainer.costmodel.profiler.measure_blas_1t_flops`).
@@ -324,37 +374,50 @@ def stage_gil_seconds(seconds_1t, flops, blas_1t_flops):
     return max(0.0, seconds_1t - flops / blas_1t_flops)
 
 
-def _gil_times(profile, stages, scale, batch_per_device):
-    """Per-stage GIL seconds of a measured CPU profile, or ``None`` when
+def _gil_times(profile, layers, scale, batch_per_device):
+    """Per-layer GIL seconds of a measured CPU profile, or ``None`` when
     it lacks the one-thread times, the FLOPs or the BLAS rate."""
     rate = (profile.get('machine') or {}).get('blas_1t_flops')
     if not rate or rate <= 0:
         return None, None
     keys = ('forward_1t_s', 'backward_1t_s', 'forward_flops',
             'backward_flops')
-    if not all(s.get(k) is not None for s in stages for k in keys):
+    if not all(s.get(k) is not None for s in layers for k in keys):
         return None, None
-    forward = [stage_gil_seconds(scale * s['forward_1t_s'],
-                                 batch_per_device * s['forward_flops'], rate)
-               for s in stages]
-    backward = [stage_gil_seconds(scale * s['backward_1t_s'],
-                                  batch_per_device * s['backward_flops'],
+    forward = [layer_gil_seconds(scale * s['forward_1t_s'],
+                                 batch_per_device * blas_flops(s), rate)
+               for s in layers]
+    backward = [layer_gil_seconds(scale * s['backward_1t_s'],
+                                  batch_per_device * blas_flops(s, True),
                                   rate)
-                for s in stages]
+                for s in layers]
     return forward, backward
 
 
-def gpu_stage_seconds(flops_per_image, layers, batch, hardware):
-    """Device seconds of a stage on a GPU preset, from its FLOPs.
+def blas_flops(record, backward=False):
+    """FLOPs per image of a layer's matrix products (what BLAS runs, outside
+    the GIL): of its ``functions`` where the record lists them, else its
+    ``forward_flops`` or ``backward_flops``."""
+    key = 'backward_flops' if backward else 'forward_flops'
+    functions = record.get('functions')
+    if functions is None:
+        return record[key]
+    key = 'backward_flops' if backward else 'flops'
+    return sum(f[key] for f in functions if f['kind'] == 'matmul')
 
-    Each of the stage's ``layers`` counted layers runs at the efficiency
+
+def gpu_flops_seconds(flops_per_image, layers, batch, hardware):
+    """Device seconds of a layer on a GPU preset from its FLOPs alone, for
+    a profile record without per-function costs.
+
+    Each of its ``layers`` matrix products runs at the efficiency
     ``compute_efficiency x W / (W + conv_half_flops)`` for its ``W`` FLOPs,
-    so the stage takes ``(batch x FLOPs + layers x conv_half_flops) /
+    so the layer takes ``(batch x FLOPs + layers x conv_half_flops) /
     achieved_flops``.
 
     Args:
-        flops_per_image (float): The stage's FLOPs per image.
-        layers (int): Its convolution and linear layers.
+        flops_per_image (float): The layer's FLOPs per image.
+        layers (int): Its convolution and linear functions.
         batch (int): Images per replica.
         hardware (Hardware): The preset.
 
@@ -368,8 +431,57 @@ def gpu_stage_seconds(flops_per_image, layers, batch, hardware):
         hardware.achieved_flops
 
 
+def gpu_function_seconds(function, batch, hardware, backward=False):
+    """Device seconds of one function call on a GPU preset.
+
+    The longest of its arithmetic, its memory traffic and one kernel
+    launch: ``max(FLOPs / rate, bytes / device_memory_bw,
+    kernel_launch_s)``, where a matrix product of ``W`` FLOPs runs at
+    ``compute_efficiency x W / (W + conv_half_flops)`` of peak (so takes
+    ``(W + conv_half_flops) / achieved_flops``) and anything else at the
+    preset's ``compute_efficiency``: memory-bound functions (batch
+    normalization, activations, element-wise arithmetic) are priced by
+    their bytes, not their FLOPs.
+
+    Args:
+        function (dict): A record of the profile's ``functions`` (per
+            image, see :func:`cgdp_chainer.costmodel.layers.function_records`).
+        batch (int): Images per replica.
+        hardware (Hardware): The preset.
+        backward (bool): The call's backward instead of its forward.
+
+    Returns:
+        float: Seconds.
+    """
+    prefix = 'backward_' if backward else ''
+    flops = batch * function[prefix + 'flops']
+    moved = batch * function[prefix + 'bytes'] + function['param_bytes'] * (
+        2 if backward else 1)
+    if flops <= 0 and moved <= 0:
+        return 0.0
+    if function['kind'] == 'matmul' and flops > 0:
+        compute = (flops + hardware.conv_half_flops) / hardware.achieved_flops
+    else:
+        compute = flops / hardware.achieved_flops
+    return max(compute, moved / hardware.device_memory_bw,
+               hardware.kernel_launch_s)
+
+
+def gpu_layer_seconds(record, batch, hardware, backward=False):
+    """Device seconds of a layer on a GPU preset: the sum of its functions'
+    (:func:`gpu_function_seconds`), or from its FLOPs alone
+    (:func:`gpu_flops_seconds`) for a record without ``functions``."""
+    functions = record.get('functions')
+    if functions is None:
+        key = 'backward_flops' if backward else 'forward_flops'
+        return gpu_flops_seconds(record[key], record.get('counted_layers', 0),
+                                 batch, hardware)
+    return sum(gpu_function_seconds(f, batch, hardware, backward)
+               for f in functions)
+
+
 def launch_seconds(calls, hardware, backward_calls=None):
-    """Host-side seconds to issue a stage's function calls on a GPU.
+    """Host-side seconds to issue a layer's function calls on a GPU.
 
     ``calls x (function_forward_s + kernel_launch_s)`` in the forward and
     ``backward_calls x (function_backward_s + backward_kernels_per_call x
@@ -394,13 +506,13 @@ def launch_seconds(calls, hardware, backward_calls=None):
     return forward, backward
 
 
-def _launch_times(stages, hardware):
-    """Per-stage host-side seconds on a GPU, or ``None`` when the profile
+def _launch_times(layers, hardware):
+    """Per-layer host-side seconds on a GPU, or ``None`` when the profile
     has no function counts."""
-    if not all(s.get('forward_calls') is not None for s in stages):
+    if not all(s.get('forward_calls') is not None for s in layers):
         return None, None
     pairs = [launch_seconds(s['forward_calls'], hardware,
-                            s.get('backward_calls')) for s in stages]
+                            s.get('backward_calls')) for s in layers]
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
@@ -425,18 +537,18 @@ def _host_update(profile, optimizer, measured):
 
 def build_workload(profile, hardware, batch_per_device,
                    optimizer='momentum_sgd'):
-    """Turns a profile into per-stage seconds and bytes for one machine.
+    """Turns a profile into per-layer seconds and bytes for one machine.
 
     Measured times are used where the profile was measured on this hardware
     (``this-cpu``, or a profile whose ``hardware`` field names the preset)
     and scaled linearly from the profile's batch; otherwise compute time is
     ``FLOPs x batch / hardware.achieved_flops``. CPU profiles with
     one-thread times, FLOPs and the machine's ``blas_1t_flops`` also give
-    each stage's GIL seconds (:func:`stage_gil_seconds`). On GPUs a
-    stage's time is at least its host-side time (:func:`launch_seconds`,
+    each layer's GIL seconds (:func:`layer_gil_seconds`). On GPUs a
+    layer's time is at least its host-side time (:func:`launch_seconds`,
     from the profile's function counts), which is also what holds the
     replica's interpreter lock; presets compute with
-    :func:`gpu_stage_seconds`.
+    :func:`gpu_flops_seconds`.
 
     Args:
         profile (dict): See :func:`check_profile`.
@@ -454,7 +566,7 @@ def build_workload(profile, hardware, batch_per_device,
     check_profile(profile)
     check_batch(batch_per_device)
     optimizer = check_optimizer(optimizer)
-    stages = profile['stages']
+    layers = profile['layers']
     measured = _uses_measured_times(profile, hardware)
     if hardware.kind == 'cpu' and not measured:
         raise ValueError("preset {!r} needs a profile with measured "
@@ -462,37 +574,33 @@ def build_workload(profile, hardware, batch_per_device,
                              hardware.name))
     if measured:
         scale = batch_per_device / float(profile.get('batch') or 1)
-        forward = [scale * s['forward_s'] for s in stages]
-        backward = [scale * s['backward_s'] for s in stages]
+        forward = [scale * s['forward_s'] for s in layers]
+        backward = [scale * s['backward_s'] for s in layers]
         forward_1t = backward_1t = None
-        if all(s.get('forward_1t_s') is not None for s in stages):
-            forward_1t = [scale * s['forward_1t_s'] for s in stages]
-            backward_1t = [scale * s['backward_1t_s'] for s in stages]
+        if all(s.get('forward_1t_s') is not None for s in layers):
+            forward_1t = [scale * s['forward_1t_s'] for s in layers]
+            backward_1t = [scale * s['backward_1t_s'] for s in layers]
         forward_gil = backward_gil = None
         if hardware.kind == 'cpu':
-            forward_gil, backward_gil = _gil_times(profile, stages, scale,
+            forward_gil, backward_gil = _gil_times(profile, layers, scale,
                                                    batch_per_device)
     else:
         if not all(s.get('forward_flops') is not None
-                   and s.get('backward_flops') is not None for s in stages):
+                   and s.get('backward_flops') is not None for s in layers):
             raise ValueError(
                 'preset {!r} has no measured times in this profile and the '
                 'profile has no forward_flops/backward_flops to compute them '
                 'from (see costmodel.flops_profile)'.format(hardware.name))
-        forward = [gpu_stage_seconds(s['forward_flops'],
-                                     s.get('counted_layers', 0),
-                                     batch_per_device, hardware)
-                   for s in stages]
-        backward = [gpu_stage_seconds(s['backward_flops'],
-                                      s.get('counted_layers', 0),
-                                      batch_per_device, hardware)
-                    for s in stages]
+        forward = [gpu_layer_seconds(s, batch_per_device, hardware)
+                   for s in layers]
+        backward = [gpu_layer_seconds(s, batch_per_device, hardware,
+                                      backward=True) for s in layers]
         forward_1t = backward_1t = None
         forward_gil = backward_gil = None
     if hardware.kind == 'gpu':
-        forward_gil, backward_gil = _launch_times(stages, hardware)
+        forward_gil, backward_gil = _launch_times(layers, hardware)
         if forward_gil is not None:
-            # The device cannot run a stage faster than the host issues it.
+            # The device cannot run a layer faster than the host issues it.
             forward = [max(t, h) for t, h in zip(forward, forward_gil)]
             backward = [max(t, h) for t, h in zip(backward, backward_gil)]
     host_ops = profile.get('host', {}).get('ops') if measured else None
@@ -505,9 +613,9 @@ def build_workload(profile, hardware, batch_per_device,
         busy_cores = (profile.get('whole') or {}).get('busy_cores')
     return Workload(
         forward_s=forward, backward_s=backward,
-        param_bytes=[int(s['param_bytes']) for s in stages],
+        param_bytes=[int(s['param_bytes']) for s in layers],
         param_arrays=[int(s.get('param_arrays', 1 if s['param_bytes'] else 0))
-                      for s in stages],
+                      for s in layers],
         forward_1t_s=forward_1t, backward_1t_s=backward_1t,
         host_ops=host_ops, copy=copy, device_update_s=device_update,
         chunk_forward_overhead_s=overhead.get('forward_s'),

@@ -7,15 +7,23 @@ from cgdp_chainer.costmodel import inputs
 from cgdp_chainer.costmodel import simulate
 
 
-def candidate_chunk_sizes(n_stages):
-    """Chunk sizes tried: powers of two below ``n_stages``, and
-    ``n_stages`` (one chunk), as the runtime search does."""
+# The smallest candidate gives at most this many chunks, as the runtime's
+# 'auto' search starts (cgdp_chainer.runtime.updater.AUTO_SEARCH_MAX_CHUNKS):
+# a deep network has hundreds of layers, and each chunk costs a message and
+# a host task, so one-layer chunks are never the best there.
+MAX_CANDIDATE_CHUNKS = 64
+
+
+def candidate_chunk_sizes(n_layers):
+    """Chunk sizes tried (layers per chunk): doubling from the size that
+    gives at most :data:`MAX_CANDIDATE_CHUNKS` chunks, and ``n_layers``
+    (one chunk), as the runtime's search does."""
     sizes = []
-    size = 1
-    while size < n_stages:
+    size = max(1, -(-n_layers // MAX_CANDIDATE_CHUNKS))
+    while size < n_layers:
         sizes.append(size)
         size *= 2
-    sizes.append(n_stages)
+    sizes.append(n_layers)
     return sizes
 
 
@@ -25,7 +33,7 @@ def best_chunk_size(workload, hardware, n_devices, candidates=None,
     """The chunk size with the shortest predicted CGDP iteration.
 
     Args:
-        workload (Workload): Per-stage costs.
+        workload (Workload): Per-layer costs.
         hardware (Hardware): The machine.
         n_devices (int): Replicas.
         candidates (list of int or None): Sizes to try (default:
@@ -41,7 +49,7 @@ def best_chunk_size(workload, hardware, n_devices, candidates=None,
         tuple: ``(best size, {size: seconds})``; ties go to the smaller size.
     """
     check_method(method)
-    candidates = candidates or candidate_chunk_sizes(workload.n_stages)
+    candidates = candidates or candidate_chunk_sizes(workload.n_layers)
     times = {}
     for size in candidates:
         if method == 'simulate':
@@ -101,7 +109,7 @@ def predict(profile, hardware, n_devices, batch_per_device, chunk_size=None,
         size, chunk_times = best_chunk_size(workload, hw, n_devices,
                                             method=method, workers=workers)
     else:
-        inputs.check_chunk_size(chunk_size, workload.n_stages)
+        inputs.check_chunk_size(chunk_size, workload.n_layers)
         size, chunk_times = chunk_size, {}
     gpu = hw.kind == 'gpu'
     t_typical_closed = closed.typical_closed_form(workload, hw, n_devices)
@@ -193,7 +201,7 @@ def predict_mode(profile, hardware, mode, n_devices, batch_per_device,
         size, times = best_chunk_size(workload, hw, n_devices, method=method,
                                       workers=workers)
         return times[size], size
-    inputs.check_chunk_size(chunk_size, workload.n_stages)
+    inputs.check_chunk_size(chunk_size, workload.n_layers)
     if simulated:
         return simulate.simulate_cgdp(workload, hw, n_devices, chunk_size,
                                       workers=workers).iteration_s, \
@@ -257,7 +265,7 @@ def predict_multinode(profile, hardware, network, n_nodes, devices_per_node,
         size, chunk_times = best_chunk_size(workload, hw, n, method=method,
                                             n_nodes=n_nodes, network=net)
     else:
-        inputs.check_chunk_size(chunk_size, workload.n_stages)
+        inputs.check_chunk_size(chunk_size, workload.n_layers)
         size, chunk_times = chunk_size, {}
     closed_mn = closed.chainermn_closed_form(workload, hw, n, n_nodes, net)
     closed_cgdp = closed.cgdp_closed_form(workload, hw, n, size, n_nodes, net)

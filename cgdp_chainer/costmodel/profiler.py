@@ -2,15 +2,18 @@
 
 A profile (saved as JSON by ``python -m experiments.profile``) holds:
 
-- per stage: forward and backward seconds (median of ``R`` repetitions after
-  a warm-up; the loss belongs to the last stage), net of the fixed cost of a
-  chunk; on ``'@numpy'`` also with one BLAS thread (for core sharing between
+- ``layers``: per layer (a link that directly owns parameters, the
+  runtime's unit), input side first (the reverse of the runtime's ready
+  order): forward and backward seconds (median of ``R`` repetitions after a
+  warm-up; functions outside every layer, the loss among them, belong to
+  the layer called before them; the backward is timed from the readiness
+  backward's hand-overs, see :mod:`cgdp_chainer.costmodel.layers`); on
+  ``'@numpy'`` also with one BLAS thread (for core sharing between
   replicas); parameter bytes and array counts;
-- ``chunk_overhead``: the fixed cost of one more chunk (measured on a tiny
-  staged network, see :func:`measure_chunk_overhead`); ``whole``: one pass
-  of the whole model as a single chunk, and on ``'@numpy'`` its
-  ``busy_cores``: the process's CPU seconds per second during that pass
-  (all BLAS threads), the cores one replica occupies;
+- ``chunk_overhead``: zero (the runtime's chunks do not cut the graph);
+  ``whole``: one pass's total, and on ``'@numpy'`` its ``busy_cores``: the
+  process's CPU seconds per second during the passes (all BLAS threads),
+  the cores one replica occupies;
 - ``copy``: device-to-host and host-to-device bandwidth (on ``'@numpy'``:
   memcpy bandwidth) and the latency of a small copy;
 - ``host``: the host accumulator's costs over the model's parameter arrays,
@@ -22,17 +25,18 @@ A profile (saved as JSON by ``python -m experiments.profile``) holds:
   runtime's fused reduce and update of each
   (:func:`measure_fused_host_update`), which the accumulator runs where
   it can;
-- per stage also ``forward_flops``, ``backward_flops`` and
-  ``counted_layers`` (:mod:`cgdp_chainer.costmodel.flops`), and
-  ``forward_calls`` and ``backward_calls``: the Chainer function calls of
-  its forward (the loss with the last stage) and backward
-  (:func:`count_calls`);
+- per layer also ``functions``: each forward function call's kind, FLOPs
+  and bytes per image, its backward's, and the parameter bytes it reads
+  (:mod:`cgdp_chainer.costmodel.functions`), their sums
+  ``forward_flops`` and ``backward_flops``, ``counted_layers`` (matrix
+  products), and ``forward_calls`` and ``backward_calls``: the Chainer
+  function calls of its forward and backward;
 - ``machine``: cores, the compute this process gets of them
   (``effective_cores``), ``function_call``: the host-side seconds of one
   Chainer function call forward and backward on this device
   (:func:`measure_function_overhead`), and, on ``'@numpy'``,
   ``blas_1t_flops``: one thread's matrix-product rate, from which the cost
-  model tells a stage's arithmetic from the Python around it (which holds
+  model tells a layer's arithmetic from the Python around it (which holds
   the GIL);
 - on GPUs, ``device_update_s``: MomentumSGD on the device.
 
@@ -46,12 +50,12 @@ import statistics
 import time
 
 import chainer
+import chainer.links  # NOQA: profile_model checks for a Classifier
 import numpy
 
-from cgdp_chainer import chunking
 from cgdp_chainer import devices as devices_module
-from cgdp_chainer.costmodel import flops
 from cgdp_chainer.costmodel import hardware as hardware_module
+from cgdp_chainer.costmodel import layers as layers_module
 
 PROFILE_VERSION = 1
 DEFAULT_REPS = 3
@@ -80,112 +84,6 @@ def _median_times(function, reps, sync):
     return statistics.median(times)
 
 
-def _head_for(target, loss_func):
-    """The loss head of a staged target; a plain network gets the
-    project's classifier head (with auxiliary losses)."""
-    try:
-        return chunking.find_head(target, loss_func)
-    except ValueError:
-        import models
-        return models.Classifier(target).head
-
-
-class _CallCounter(chainer.FunctionHook):
-    """Counts function calls in the forward and the backward, per stage
-    (the caller sets ``stage`` before each stage runs, and ``in_backward``).
-
-    A backward applies functions of its own (the gradients' nodes), which
-    call the forward hooks too; those count as part of the backward calls'
-    cost (see :func:`measure_function_overhead`), not as forward calls."""
-
-    name = 'CallCounter'
-
-    def __init__(self):
-        self.stage = 0
-        self.in_backward = False
-        self.forward = {}
-        self.backward = {}
-
-    def forward_preprocess(self, function, in_data):
-        if not self.in_backward:
-            self.forward[self.stage] = self.forward.get(self.stage, 0) + 1
-
-    def backward_preprocess(self, function, in_data, out_grad):
-        self.backward[self.stage] = self.backward.get(self.stage, 0) + 1
-
-
-def count_calls(target, in_arrays, loss_func=None):
-    """Chainer function calls of each stage in a forward and a backward.
-
-    One pass with one chunk per stage, as the runtime runs it; the loss
-    counts with the last stage.
-
-    Args:
-        target (chainer.Link): A staged network or a classifier around one.
-        in_arrays (tuple): ``(x, labels...)`` on the target's device.
-        loss_func (callable or None): ``loss_func(y, *labels)``.
-
-    Returns:
-        list of tuple: ``(forward calls, backward calls)`` per stage.
-    """
-    stages = chunking.find_stages(target)
-    if stages is None:
-        raise ValueError('{} has no stages (see docs/INTERFACES.md)'.format(
-            type(target).__name__))
-    head = _head_for(target, loss_func)
-    n = len(stages)
-    chunked = chunking.ChunkedPass(stages, [(i, i + 1) for i in range(n)],
-                                   head)
-    counter = _CallCounter()
-    carry = in_arrays[0]
-    target.cleargrads()
-    with chainer.using_config('train', True), \
-            chainer.using_config('enable_backprop', True), counter:
-        for c in range(n):
-            counter.stage = c
-            carry = chunked.forward_chunk(c, carry)
-            if c == n - 1:
-                chunked.forward_head(tuple(in_arrays[1:]))
-        counter.in_backward = True
-        for c in range(n - 1, -1, -1):
-            counter.stage = c
-            chunked.backward_chunk(c)
-    target.cleargrads()
-    return [(counter.forward.get(c, 0), counter.backward.get(c, 0))
-            for c in range(n)]
-
-
-def _stage_pass_times(stages, chunks, head, x, labels, sync):
-    """Seconds of each chunk's forward and backward in one pass.
-
-    Returns:
-        tuple of list: ``(forward per chunk, backward per chunk)``; the loss
-        counts with the last chunk.
-    """
-    chunked = chunking.ChunkedPass(stages, chunks, head)
-    n = len(chunks)
-    forward = [0.0] * n
-    backward = [0.0] * n
-    carry = x
-    with chainer.using_config('train', True), \
-            chainer.using_config('enable_backprop', True):
-        for c in range(n):
-            sync()
-            start = time.perf_counter()
-            carry = chunked.forward_chunk(c, carry)
-            if c == n - 1:
-                chunked.forward_head(labels)
-            sync()
-            forward[c] = time.perf_counter() - start
-        for c in range(n - 1, -1, -1):
-            sync()
-            start = time.perf_counter()
-            chunked.backward_chunk(c)
-            sync()
-            backward[c] = time.perf_counter() - start
-    return forward, backward
-
-
 STATISTICS = {'median': statistics.median, 'min': min}
 
 
@@ -197,91 +95,6 @@ def _process_cpu_seconds():
         return time.process_time()
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-
-
-def _median_passes(target, configs, x, labels, sync, reps,
-                   statistic='median', busy=None):
-    """Per-chunk medians (or minima) of several pass configurations,
-    interleaved.
-
-    Each repetition runs every configuration once, so a change of the
-    machine's load during the measurement touches all of them alike.
-
-    Args:
-        configs (list): ``(stages, chunks, head, threads or None)`` each.
-        busy (list or None): If given, receives per configuration the
-            median of the process's CPU seconds per wall second during its
-            passes: the cores it keeps busy.
-
-    Returns:
-        list of tuple: ``(forward medians, backward medians)`` per config.
-    """
-    samples = [([], []) for _ in configs]
-    cores = [[] for _ in configs]
-    for rep in range(reps + 1):
-        for (stages, chunks, head, threads), (fwd, bwd), used in zip(
-                configs, samples, cores):
-            target.cleargrads()
-            limit = _blas_limit(threads) if threads else _NullContext()
-            with limit:
-                cpu_start = _process_cpu_seconds()
-                start = time.perf_counter()
-                forward, backward = _stage_pass_times(stages, chunks, head,
-                                                      x, labels, sync)
-                wall = time.perf_counter() - start
-                cpu = _process_cpu_seconds() - cpu_start
-            if rep > 0:  # the first repetition warms up
-                fwd.append(forward)
-                bwd.append(backward)
-                if wall > 0:
-                    used.append(cpu / wall)
-    target.cleargrads()
-    if busy is not None:
-        busy[:] = [statistics.median(u) if u else None for u in cores]
-    summary = STATISTICS[statistic]
-    return [([summary(c) for c in zip(*fwd)],
-             [summary(c) for c in zip(*bwd)])
-            for fwd, bwd in samples]
-
-
-def measure_chunk_overhead(reps=20, n_stages=16):
-    """The fixed cost of one more chunk in the runtime's chunked pass.
-
-    Times a tiny staged network (``n_stages`` small linear layers) as one
-    chunk per stage and as a single chunk; the difference per extra chunk is
-    the cost of cutting the graph, one more backward call and its
-    bookkeeping, without the noise of a large network's compute.
-
-    Returns:
-        dict: ``forward_s`` and ``backward_s`` per extra chunk.
-    """
-    import chainer.functions as F
-    import chainer.links as L
-
-    class _Tiny(chainer.ChainList):
-        def __init__(self):
-            super(_Tiny, self).__init__(*[L.Linear(8, 8)
-                                          for _ in range(n_stages)])
-
-        @property
-        def stages(self):
-            return list(self)
-
-    tiny = _Tiny()
-    x = numpy.ones((2, 8), dtype=numpy.float32)
-    t = numpy.zeros(2, dtype=numpy.int32)
-
-    def head(y, labels):
-        return F.softmax_cross_entropy(y, labels)
-    stages = tiny.stages
-    split = [(i, i + 1) for i in range(n_stages)]
-    (f_split, b_split), (f_one, b_one) = _median_passes(
-        tiny, [(stages, split, head, None), (stages, [(0, n_stages)], head,
-                                             None)],
-        x, (t,), lambda: None, reps)
-    extra = n_stages - 1
-    return {'forward_s': max(0.0, (sum(f_split) - f_one[0]) / extra),
-            'backward_s': max(0.0, (sum(b_split) - b_one[0]) / extra)}
 
 
 def _blas_limit(threads):
@@ -301,75 +114,212 @@ class _NullContext(object):
         return False
 
 
-def measure_stages(target, device, in_arrays, loss_func=None,
+def measure_layers(target, device, in_arrays, loss_func=None,
                    reps=DEFAULT_REPS, one_thread=None, statistic='median'):
-    """Per-stage forward and backward seconds of a staged target.
+    """Per-layer forward and backward seconds of any model.
+
+    Each pass is one ordinary forward and one readiness backward
+    (:func:`cgdp_chainer.costmodel.layers.run_pass`); repetitions with all
+    BLAS threads and, on CPUs, with one thread are interleaved, so a change
+    of the machine's load touches both alike.
 
     Args:
-        target (chainer.Link): A staged network or a classifier around one,
-            on ``device``, with initialised parameters.
+        target (chainer.Link): The model on ``device``, its parameters
+            initialised.
         device (chainer.backend.Device): Its device.
         in_arrays (tuple): ``(x, labels...)`` on ``device``.
-        loss_func (callable or None): ``loss_func(y, *labels)``.
-        reps (int): Timed repetitions (median).
+        loss_func (callable or None): ``loss_func(*in_arrays)``; default
+            the target.
+        reps (int): Timed repetitions after one warm-up pass.
         one_thread (bool or None): Also time with one BLAS thread; default:
             on CPU devices.
-        statistic (str): ``'median'`` of the repetitions, or ``'min'``
-            (the least disturbed by other processes on a shared machine).
+        statistic (str): ``'median'`` of the repetitions, or ``'min'``.
 
     Returns:
-        dict: ``stages`` (list of dicts), ``chunk_overhead`` and ``whole``.
+        dict: ``layers`` (records input side first: ``index``, ``name``
+        (the layer's path), ``forward_s``, ``backward_s``,
+        ``forward_calls``, ``backward_calls`` and on CPUs
+        ``forward_1t_s``, ``backward_1t_s``) and ``whole`` (the pass's
+        total seconds, and on CPUs ``busy_cores``).
     """
-    stages = chunking.find_stages(target)
-    if stages is None:
-        raise ValueError('{} has no stages (see docs/INTERFACES.md)'.format(
-            type(target).__name__))
-    head = _head_for(target, loss_func)
     sync = _synchronizer(device)
-    x, labels = in_arrays[0], tuple(in_arrays[1:])
-    n = len(stages)
-    per_stage = [(i, i + 1) for i in range(n)]
+    links = layers_module.own_layers(target)
     if one_thread is None:
         one_thread = not devices_module.is_gpu(device)
-    configs = [(stages, per_stage, head, None),
-               (stages, [(0, n)], head, None)]
-    if one_thread:
-        configs.append((stages, per_stage, head, 1))
+    configs = [None, 1] if one_thread else [None]
+    samples = {threads: [] for threads in configs}
     busy = []
-    measured = _median_passes(target, configs, x, labels, sync, reps,
-                              statistic, busy=busy)
-    (forward, backward), (whole_f, whole_b) = measured[:2]
-    forward_1t, backward_1t = measured[2] if one_thread else (None, None)
-    overhead = measure_chunk_overhead()
-    overhead_f, overhead_b = overhead['forward_s'], overhead['backward_s']
-    params = flops.stage_param_stats(target, stages)
+    for rep in range(reps + 1):
+        for threads in configs:
+            limit = _blas_limit(threads) if threads else _NullContext()
+            with limit:
+                cpu_start = _process_cpu_seconds()
+                start = time.perf_counter()
+                result = layers_module.run_pass(target, in_arrays, loss_func,
+                                                sync, links)
+                wall = time.perf_counter() - start
+                cpu = _process_cpu_seconds() - cpu_start
+            if rep > 0:  # the first repetition warms up
+                samples[threads].append(result)
+                if threads is None and wall > 0:
+                    busy.append(cpu / wall)
+    target.cleargrads()
+    summary = STATISTICS[statistic]
+    passes = samples[None]
+    order = list(reversed(passes[0]['order']))
+
+    def per_layer(runs, key, path):
+        return summary([run[key].get(path, 0.0) for run in runs])
     records = []
-    for i, stage in enumerate(stages):
-        record = {
-            'index': i,
-            'name': _stage_name(stage, i),
-            'forward_s': max(0.0, forward[i] - overhead_f),
-            'backward_s': max(0.0, backward[i] - overhead_b),
-            'param_bytes': params[i]['param_bytes'],
-            'param_arrays': params[i]['param_arrays'],
-        }
+    for index, path in enumerate(order):
+        record = {'index': index, 'name': path,
+                  'forward_s': per_layer(passes, 'forward_s', path),
+                  'backward_s': per_layer(passes, 'backward_s', path),
+                  'forward_calls': passes[0]['forward_calls'].get(path, 0),
+                  'backward_calls': passes[0]['backward_calls'].get(path, 0)}
         if one_thread:
-            record['forward_1t_s'] = max(0.0, forward_1t[i] - overhead_f)
-            record['backward_1t_s'] = max(0.0, backward_1t[i] - overhead_b)
+            record['forward_1t_s'] = per_layer(samples[1], 'forward_s', path)
+            record['backward_1t_s'] = per_layer(samples[1], 'backward_s',
+                                                path)
         records.append(record)
-    whole = {'forward_s': whole_f[0], 'backward_s': whole_b[0]}
-    if not devices_module.is_gpu(device) and busy[1] is not None:
+    whole = {'forward_s': summary([sum(p['forward_s'].values())
+                                   for p in passes]),
+             'backward_s': summary([sum(p['backward_s'].values())
+                                    for p in passes])}
+    if not devices_module.is_gpu(device) and busy:
         # Cores the replica keeps busy with all its BLAS threads: more than
         # its BLAS share, since OpenBLAS's idle threads spin between calls.
-        whole['busy_cores'] = busy[1]
-    return {'stages': records,
-            'chunk_overhead': {'forward_s': overhead_f,
-                               'backward_s': overhead_b},
-            'whole': whole}
+        whole['busy_cores'] = statistics.median(busy)
+    return {'layers': records, 'whole': whole}
 
 
-def _stage_name(stage, index):
-    return flops.stage_name(stage, index)
+def _blas_limit(threads):
+    """A context that limits BLAS threads (a no-op without threadpoolctl)."""
+    try:
+        import threadpoolctl
+    except ImportError:  # pragma: no cover - installed by the set-up
+        return _NullContext()
+    return threadpoolctl.threadpool_limits(limits=threads, user_api='blas')
+
+
+class _NullContext(object):
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def measure_layers(target, device, in_arrays, loss_func=None,
+                   reps=DEFAULT_REPS, one_thread=None, statistic='median'):
+    """Per-layer forward and backward seconds of any model.
+
+    Each pass is one ordinary forward and one readiness backward
+    (:func:`cgdp_chainer.costmodel.layers.run_pass`); repetitions with all
+    BLAS threads and, on CPUs, with one thread are interleaved, so a change
+    of the machine's load touches both alike.
+
+    Args:
+        target (chainer.Link): The model on ``device``, its parameters
+            initialised.
+        device (chainer.backend.Device): Its device.
+        in_arrays (tuple): ``(x, labels...)`` on ``device``.
+        loss_func (callable or None): ``loss_func(*in_arrays)``; default
+            the target.
+        reps (int): Timed repetitions after one warm-up pass.
+        one_thread (bool or None): Also time with one BLAS thread; default:
+            on CPU devices.
+        statistic (str): ``'median'`` of the repetitions, or ``'min'``.
+
+    Returns:
+        dict: ``layers`` (records input side first: ``index``, ``name``
+        (the layer's path), ``forward_s``, ``backward_s``,
+        ``forward_calls``, ``backward_calls`` and on CPUs
+        ``forward_1t_s``, ``backward_1t_s``) and ``whole`` (the pass's
+        total seconds, and on CPUs ``busy_cores``).
+    """
+    sync = _synchronizer(device)
+    links = layers_module.own_layers(target)
+    if one_thread is None:
+        one_thread = not devices_module.is_gpu(device)
+    configs = [None, 1] if one_thread else [None]
+    samples = {threads: [] for threads in configs}
+    busy = []
+    for rep in range(reps + 1):
+        for threads in configs:
+            limit = _blas_limit(threads) if threads else _NullContext()
+            with limit:
+                cpu_start = _process_cpu_seconds()
+                start = time.perf_counter()
+                result = layers_module.run_pass(target, in_arrays, loss_func,
+                                                sync, links)
+                wall = time.perf_counter() - start
+                cpu = _process_cpu_seconds() - cpu_start
+            if rep > 0:  # the first repetition warms up
+                samples[threads].append(result)
+                if threads is None and wall > 0:
+                    busy.append(cpu / wall)
+    target.cleargrads()
+    summary = STATISTICS[statistic]
+    passes = samples[None]
+    order = list(reversed(passes[0]['order']))
+
+    def per_layer(runs, key, path):
+        return summary([run[key].get(path, 0.0) for run in runs])
+    records = []
+    for index, path in enumerate(order):
+        record = {'index': index, 'name': path,
+                  'forward_s': per_layer(passes, 'forward_s', path),
+                  'backward_s': per_layer(passes, 'backward_s', path),
+                  'forward_calls': passes[0]['forward_calls'].get(path, 0),
+                  'backward_calls': passes[0]['backward_calls'].get(path, 0)}
+        if one_thread:
+            record['forward_1t_s'] = per_layer(samples[1], 'forward_s', path)
+            record['backward_1t_s'] = per_layer(samples[1], 'backward_s',
+                                                path)
+        records.append(record)
+    whole = {'forward_s': summary([sum(p['forward_s'].values())
+                                   for p in passes]),
+             'backward_s': summary([sum(p['backward_s'].values())
+                                    for p in passes])}
+    if not devices_module.is_gpu(device) and busy:
+        # Cores the replica keeps busy with all its BLAS threads: more than
+        # its BLAS share, since OpenBLAS's idle threads spin between calls.
+        whole['busy_cores'] = statistics.median(busy)
+    return {'layers': records, 'whole': whole}
+
+
+def add_function_costs(records, target, in_arrays, loss_func=None):
+    """Adds each layer's function costs to its record (in place).
+
+    Each record gets ``functions`` (see
+    :func:`cgdp_chainer.costmodel.layers.function_records`),
+    ``forward_flops`` and ``backward_flops`` (per image, every function),
+    ``counted_layers`` (its matrix products), ``param_bytes`` and
+    ``param_arrays``.
+
+    Args:
+        records (list of dict): Layer records with ``name`` (the path).
+        target (chainer.Link): The model.
+        in_arrays (tuple): ``(x, labels...)``.
+        loss_func (callable or None): ``loss_func(*in_arrays)``.
+    """
+    batch = int(in_arrays[0].shape[0])
+    costs = layers_module.function_costs_by_layer(target, in_arrays,
+                                                  loss_func)
+    params = layers_module.parameter_stats(target)
+    for record in records:
+        functions = layers_module.function_records(
+            costs.get(record['name'], []), batch)
+        record['functions'] = functions
+        record['forward_flops'] = sum(f['flops'] for f in functions)
+        record['backward_flops'] = sum(f['backward_flops']
+                                       for f in functions)
+        record['counted_layers'] = sum(1 for f in functions
+                                       if f['kind'] == 'matmul')
+        record.update(params.get(record['name'],
+                                 {'param_bytes': 0, 'param_arrays': 0}))
+    return records
 
 
 def measure_copies(device, n_bytes=COPY_BYTES, reps=DEFAULT_REPS):
@@ -820,9 +770,9 @@ def measure_blas_1t_flops(sizes=BLAS_SIZES, reps=DEFAULT_REPS):
 
     Each size is timed ``reps`` times after a warm-up (median); the
     fastest size's rate is returned: the rate at which one core does a
-    stage's arithmetic, so that the rest of the stage's one-thread time is
+    layer's arithmetic, so that the rest of the layer's one-thread time is
     the part that does not run in BLAS (see
-    :func:`cgdp_chainer.costmodel.stage_gil_seconds`).
+    :func:`cgdp_chainer.costmodel.layer_gil_seconds`).
 
     Returns:
         float: FLOP/s.
@@ -865,22 +815,23 @@ def machine_info(device):
 def profile_replica(target, device, in_arrays, loss_func=None,
                     host_threads=None, reps=DEFAULT_REPS, statistic='median',
                     optimizers=None):
-    """Profiles a staged model already on its device, on a given batch.
+    """Profiles any model already on its device, on a given batch.
 
     The target's persistent values (BatchNormalization statistics) and
     NumPy's global random state are restored afterwards, and its gradients
     cleared, so training is left as it was.
 
     Args:
-        target (chainer.Link): Staged network or classifier on ``device``.
+        target (chainer.Link): The model (e.g. a classifier) on ``device``.
         device (chainer.backend.Device): Its device.
         in_arrays (tuple): ``(x, labels...)`` on ``device``.
-        loss_func (callable or None): ``loss_func(y, *labels)``.
+        loss_func (callable or None): ``loss_func(*in_arrays)`` as the
+            updater's; default the target.
         host_threads (int or None): The accumulator's threads (default: as
             the runtime, CPU count up to 4).
         reps (int): Timed repetitions.
         statistic (str): ``'median'`` or ``'min'`` of the repetitions of
-            the stage times.
+            the layer times.
         optimizers (sequence of str or None): The optimizers whose host
             update to measure (default: all of :data:`HOST_UPDATE_RULES`).
 
@@ -893,21 +844,11 @@ def profile_replica(target, device, in_arrays, loss_func=None,
     saved_persistents = _save_persistents(target)
     saved_random = numpy.random.get_state()
     try:
-        stages = measure_stages(target, device, in_arrays,
-                                loss_func=loss_func, reps=reps,
-                                statistic=statistic)
-        # FLOPs per image, so the profile also serves the presets without
-        # measured times; counting runs the stages in training mode too.
-        costs = flops.stage_costs(target, x=in_arrays[0][:1])
-        for stage, cost in zip(stages['stages'], costs):
-            stage['forward_flops'] = cost['forward_flops']
-            stage['backward_flops'] = cost['backward_flops']
-            stage['counted_layers'] = cost['counted_layers']
-        calls = count_calls(target, in_arrays, loss_func)
-        for stage, (forward_calls, backward_calls) in zip(stages['stages'],
-                                                          calls):
-            stage['forward_calls'] = forward_calls
-            stage['backward_calls'] = backward_calls
+        measured = measure_layers(target, device, in_arrays,
+                                  loss_func=loss_func, reps=reps,
+                                  statistic=statistic)
+        layers_module.add_function_costs(measured['layers'], target,
+                                         in_arrays, loss_func)
     finally:
         _restore_persistents(target, saved_persistents)
         numpy.random.set_state(saved_random)
@@ -925,9 +866,11 @@ def profile_replica(target, device, in_arrays, loss_func=None,
         in_arrays[0].ndim == 4 else None,
         'reps': reps,
         'statistic': statistic,
-        'stages': stages['stages'],
-        'chunk_overhead': stages['chunk_overhead'],
-        'whole': stages['whole'],
+        'layers': measured['layers'],
+        # The runtime's chunks do not cut the graph: one more chunk costs
+        # the device nothing (its host-side costs are the host's).
+        'chunk_overhead': {'forward_s': 0.0, 'backward_s': 0.0},
+        'whole': measured['whole'],
         'copy': measure_copies(device, reps=reps),
         'host': {'threads': host_threads,
                  'ops': measure_host_ops(target, reps=reps),
@@ -943,9 +886,9 @@ def profile_replica(target, device, in_arrays, loss_func=None,
         profile['device_update_s'] = measure_device_update(target, device,
                                                            reps=reps)
     seconds = sum(s['forward_s'] + s['backward_s']
-                  for s in profile['stages'])
+                  for s in profile['layers'])
     work = profile['batch'] * sum(s['forward_flops'] + s['backward_flops']
-                                  for s in profile['stages'])
+                                  for s in profile['layers'])
     if seconds > 0:
         # FLOP/s on the counted layers, as a comparison with the presets.
         profile['machine']['achieved_flops'] = work / seconds
@@ -983,11 +926,13 @@ def synthetic_inputs(device, batch, image_size, n_classes=1000, seed=0):
 
 def profile_model(model, device, batch, image_size, reps=DEFAULT_REPS,
                   n_classes=None, host_threads=None, statistic='median'):
-    """Profiles a staged model at a batch size and image size.
+    """Profiles any model at a batch size and image size.
 
     Args:
-        model (chainer.Link): A staged network (``stages``) or a classifier
-            around one; it is moved to ``device``.
+        model (chainer.Link): A classifier (any link taking ``(x, t)``
+            and returning the loss), or a network mapping images to class
+            scores, which is profiled inside the project's classifier
+            (:class:`models.Classifier`); it is moved to ``device``.
         device (str or chainer.backend.Device): ``'@numpy'`` or
             ``'@cupy:N'``.
         batch (int): Images per pass.
@@ -1006,6 +951,9 @@ def profile_model(model, device, batch, image_size, reps=DEFAULT_REPS,
     if batch < 1 or image_size < 1:
         raise ValueError('batch and image_size must be >= 1, got {} and '
                          '{}'.format(batch, image_size))
+    if not isinstance(model, chainer.links.Classifier):
+        import models
+        model = models.Classifier(model)
     model.to_device(device)
     if n_classes is None:
         predictor = getattr(model, 'predictor', model)

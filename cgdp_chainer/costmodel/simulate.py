@@ -3,7 +3,6 @@ updater, ChainerMN and CGDP: task graphs on the machine's resources, run by
 :mod:`cgdp_chainer.costmodel.engine`."""
 import dataclasses
 
-from cgdp_chainer import chunking
 from cgdp_chainer.costmodel import costs
 from cgdp_chainer.costmodel import engine
 from cgdp_chainer.costmodel import inputs
@@ -71,7 +70,7 @@ def whole_model_gil_demands(workload, hardware, f_s, b_s):
     """The interpreter-lock demands of a whole-model forward and backward
     (see :func:`costs.chunk_gil_times`); empty when not modelled."""
     gil = costs.chunk_gil_times(workload, hardware,
-                                [(0, workload.n_stages)])
+                                [(0, workload.n_layers)])
     if gil is None:
         return None, None
     return (costs.gil_demand(None, gil[0][0], f_s),
@@ -93,7 +92,7 @@ def simulate_nccl(workload, hardware, n_devices, iterations=2):
     With one device it is ``StandardUpdater``: forward, backward, update.
 
     Args:
-        workload (Workload): Per-stage costs.
+        workload (Workload): Per-layer costs.
         hardware (Hardware): The machine (a GPU preset).
         n_devices (int): GPUs.
         iterations (int): Iterations to simulate (>= 1).
@@ -151,7 +150,7 @@ def simulate_typical(workload, hardware, n_devices, iterations=2,
     the ChainerMN baseline; see :func:`simulate_chainermn`).
 
     Args:
-        workload (Workload): Per-stage costs.
+        workload (Workload): Per-layer costs.
         hardware (Hardware): The machine.
         n_devices (int): Replicas (per node).
         iterations (int): Iterations to simulate (>= 1).
@@ -267,7 +266,7 @@ def simulate_cgdp(workload, hardware, n_devices, chunk_size, iterations=2,
     (:func:`costs.ring_allreduce_seconds`) accounts for the others.
 
     Args:
-        workload (Workload): Per-stage costs.
+        workload (Workload): Per-layer costs.
         hardware (Hardware): The machine (one node).
         n_devices (int): Replicas (per node).
         chunk_size (int): Stages per chunk (grouped from the output end).
@@ -286,11 +285,11 @@ def simulate_cgdp(workload, hardware, n_devices, chunk_size, iterations=2,
         SimulationResult: The timing.
     """
     inputs.check_common(workload, hardware, n_devices)
-    inputs.check_chunk_size(chunk_size, workload.n_stages)
+    inputs.check_chunk_size(chunk_size, workload.n_layers)
     inputs.check_workers(workers)
     network = inputs.resolve_network(network, n_nodes)
     multinode = n_nodes > 1
-    chunks = chunking.plan_chunks(workload.n_stages, chunk_size)
+    chunks = inputs.plan_chunks(workload.param_bytes, chunk_size)
     n_chunks = len(chunks)
     caps = topology.capacities(hardware, n_devices)
     servers = {'host': hardware.host_servers}
@@ -352,7 +351,7 @@ def simulate_cgdp(workload, hardware, n_devices, chunk_size, iterations=2,
     # Python holds an interpreter lock: thread workers share the user's
     # process's with each other and with the host threads; process workers
     # have one each, and the host threads share the user's process's (see
-    # inputs.stage_gil_seconds, inputs.launch_seconds).
+    # inputs.layer_gil_seconds, inputs.launch_seconds).
     gil = costs.chunk_gil_times(workload, hardware, chunks)
     if gil is not None and workers == 'thread':
         forward_demands = [costs.gil_demand(forward_demands[c], gil[0][c],

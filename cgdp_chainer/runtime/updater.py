@@ -14,7 +14,6 @@ import numpy
 
 from cgdp_chainer.runtime import accumulator as accumulator_module
 from cgdp_chainer import blas
-from cgdp_chainer import chunking
 from cgdp_chainer import devices as devices_module
 from cgdp_chainer.runtime import channels
 from cgdp_chainer.runtime import device_view
@@ -304,13 +303,6 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     def n_layers(self):
         """Layers of the model: links that directly own parameters."""
         return self._n_layers
-
-    @property
-    def n_stages(self):
-        """Stages the target declares (for the cost model's per-stage
-        profile; the runtime does not use them), 1 if none."""
-        stages = chunking.find_stages(self.get_optimizer('main').target)
-        return 1 if not stages else len(stages)
 
     @property
     def chunk_plan(self):
