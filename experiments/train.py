@@ -224,54 +224,124 @@ def build_updater(kind, iterator, optimizer, devices, chunk_size=None,
     specs = _device_specs(devices)
     parsed = devices_module.parse_devices(specs)
     if kind != 'cgdp':
-        for name, value in (('chunk_size', chunk_size),
-                            ('reduction', reduction), ('timeline', timeline)):
-            if value is not None:
-                raise ValueError('{} applies only to the cgdp updater, not '
-                                 '{!r}'.format(name, kind))
-        if cgdp_options:
-            raise ValueError('{} apply only to the cgdp updater'.format(
-                ', '.join(sorted(cgdp_options))))
-    if kind in ('standard', 'parallel') and comm is not None and \
-            cgdp_mpi.as_mpi_comm(comm).Get_size() > 1:
-        raise ValueError('the {} updater does not communicate across MPI '
-                         'ranks; use cgdp or chainermn'.format(kind))
+        _refuse_cgdp_options(kind, chunk_size, reduction, timeline,
+                             cgdp_options)
+    if kind in ('standard', 'parallel'):
+        _refuse_several_ranks(kind, comm)
     if kind == 'standard':
-        if len(parsed) != 1:
-            raise ValueError('the standard updater takes one device, got '
-                             '{}; use parallel or cgdp'.format(len(parsed)))
-        return training.updaters.StandardUpdater(
-            iterator, optimizer, device=parsed[0])
+        return _standard_updater(iterator, optimizer, parsed)
     if kind == 'parallel':
-        device_dict = {'main': parsed[0]}
-        for index, device in enumerate(parsed[1:], start=1):
-            device_dict['replica{}'.format(index)] = device
-        return _ResumableParallelUpdater(iterator, optimizer,
-                                         devices=device_dict)
+        return _parallel_updater(iterator, optimizer, parsed)
     if kind == 'cgdp':
-        from cgdp_chainer import CGDPUpdater
-        if comm is not None:
-            cgdp_options['mpi_comm'] = comm
-        return CGDPUpdater(
-            iterator, optimizer, specs,
-            chunk_size=DEFAULT_CHUNK_SIZE if chunk_size is None
-            else chunk_size,
-            reduction=DEFAULT_REDUCTION if reduction is None else reduction,
-            timeline=timeline, **cgdp_options)
+        return _cgdp_updater(iterator, optimizer, specs, chunk_size,
+                             reduction, timeline, comm, cgdp_options)
     if kind == 'chainermn':
-        if comm is None:
-            raise ValueError('the chainermn updater needs an MPI '
-                             'communicator (comm=)')
-        if len(parsed) != 1:
-            raise ValueError('the chainermn updater takes one device per '
-                             'rank, got {}; use cgdp for several'.format(
-                                 len(parsed)))
-        # CGDPUpdater checks this itself; ChainerMN would only broadcast.
-        cgdp_mpi.check_consistency(comm, optimizer.target, optimizer)
-        return cgdp_mpi.make_chainermn_updater(iterator, optimizer, comm,
-                                               parsed[0])
+        return _chainermn_updater(iterator, optimizer, parsed, comm)
     raise ValueError('unknown updater {!r}; choose from {}'.format(
         kind, ', '.join(UPDATERS)))
+
+
+def _refuse_cgdp_options(kind, chunk_size, reduction, timeline,
+                         cgdp_options):
+    """Refuses CGDP's options given to another updater.
+
+    Args:
+        kind (str): The updater asked for (not ``'cgdp'``).
+        chunk_size, reduction, timeline: As given to :func:`build_updater`
+            (None: not given).
+        cgdp_options (dict): Further CGDPUpdater keyword arguments given.
+
+    Raises:
+        ValueError: One of them was given.
+    """
+    for name, value in (('chunk_size', chunk_size),
+                        ('reduction', reduction), ('timeline', timeline)):
+        if value is not None:
+            raise ValueError('{} applies only to the cgdp updater, not '
+                             '{!r}'.format(name, kind))
+    if cgdp_options:
+        raise ValueError('{} apply only to the cgdp updater'.format(
+            ', '.join(sorted(cgdp_options))))
+
+
+def _refuse_several_ranks(kind, comm):
+    """Refuses a single-process updater on a communicator of several ranks.
+
+    Args:
+        kind (str): ``'standard'`` or ``'parallel'``.
+        comm (mpi4py.MPI.Comm or None): The ranks to train with.
+
+    Raises:
+        ValueError: ``comm`` has more than one rank.
+    """
+    if comm is not None and cgdp_mpi.as_mpi_comm(comm).Get_size() > 1:
+        raise ValueError('the {} updater does not communicate across MPI '
+                         'ranks; use cgdp or chainermn'.format(kind))
+
+
+def _standard_updater(iterator, optimizer, parsed):
+    """Chainer's StandardUpdater on the one device of ``parsed``."""
+    if len(parsed) != 1:
+        raise ValueError('the standard updater takes one device, got '
+                         '{}; use parallel or cgdp'.format(len(parsed)))
+    return training.updaters.StandardUpdater(
+        iterator, optimizer, device=parsed[0])
+
+
+def _parallel_updater(iterator, optimizer, parsed):
+    """Chainer's ParallelUpdater on ``parsed``: ``main``, ``replica1``, ..."""
+    device_dict = {'main': parsed[0]}
+    for index, device in enumerate(parsed[1:], start=1):
+        device_dict['replica{}'.format(index)] = device
+    return _ResumableParallelUpdater(iterator, optimizer,
+                                     devices=device_dict)
+
+
+def _cgdp_updater(iterator, optimizer, specs, chunk_size, reduction,
+                  timeline, comm, cgdp_options):
+    """CGDPUpdater with this script's defaults (see :func:`build_updater`).
+
+    Args:
+        iterator: The training iterator.
+        optimizer: The optimizer, set up on the model.
+        specs (list of str): The device specifiers.
+        chunk_size (int, str or None): None: :data:`DEFAULT_CHUNK_SIZE`.
+        reduction (str or None): None: :data:`DEFAULT_REDUCTION`.
+        timeline (cgdp_chainer.Timeline or None): Event recorder.
+        comm (mpi4py.MPI.Comm or None): CGDP's ``mpi_comm`` if given.
+        cgdp_options (dict): Further CGDPUpdater keyword arguments.
+    """
+    from cgdp_chainer import CGDPUpdater
+    options = dict(cgdp_options)
+    if comm is not None:
+        options['mpi_comm'] = comm
+    return CGDPUpdater(
+        iterator, optimizer, specs,
+        chunk_size=DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size,
+        reduction=DEFAULT_REDUCTION if reduction is None else reduction,
+        timeline=timeline, **options)
+
+
+def _chainermn_updater(iterator, optimizer, parsed, comm):
+    """The ChainerMN baseline on the one device of ``parsed`` per rank.
+
+    Args:
+        iterator: This rank's training iterator.
+        optimizer: The optimizer, set up on the model.
+        parsed (list of chainer.backend.Device): This rank's devices.
+        comm (mpi4py.MPI.Comm or None): The ranks (required).
+    """
+    if comm is None:
+        raise ValueError('the chainermn updater needs an MPI '
+                         'communicator (comm=)')
+    if len(parsed) != 1:
+        raise ValueError('the chainermn updater takes one device per '
+                         'rank, got {}; use cgdp for several'.format(
+                             len(parsed)))
+    # CGDPUpdater checks this itself; ChainerMN would only broadcast.
+    cgdp_mpi.check_consistency(comm, optimizer.target, optimizer)
+    return cgdp_mpi.make_chainermn_updater(iterator, optimizer, comm,
+                                           parsed[0])
 
 
 def _global_seed(seed, iteration, rank=0):
