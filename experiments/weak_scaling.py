@@ -219,6 +219,52 @@ def time_mode(net, mode, device_specs, settings, args, timeline, on_step,
         stops = mpi_world.StopPoints(world, stopping.StopSignals())
     # Dropout draws from the global state; ranks draw different masks.
     numpy.random.seed(args.seed + (0 if world is None else world.rank))
+    inputs = _mode_inputs(net, mode, device_specs, settings, args, timeline,
+                          world)
+    gpus = [device for device in devices_module.parse_devices(device_specs)
+            if devices_module.is_gpu(device)]
+    with blas.BlasLimit(mpi_world.rank_blas_limit(world, device_specs)):
+        with stops.signals.hold():  # a half-built updater cannot finalize
+            updater = MODES[mode].build(inputs)
+        # Nothing touches the model between these updates: CGDP's GPU
+        # replicas need not take the master's values again each time.
+        unattended = getattr(updater, 'unattended', contextlib.nullcontext)
+        try:
+            stops.check()
+            with unattended():
+                warmup = _warm_up(updater, settings.warmup, gpus, stops,
+                                  on_step)
+                _measure(updater, settings.iterations, gpus, stops, on_step)
+        finally:
+            with stops.signals.hold():
+                updater.finalize()
+                chunk_size = getattr(updater, 'chunk_size', None)
+                chunking = getattr(updater, 'chunking_description', None)
+                # Drop every reference to the run's arrays before the next
+                # run, so that the replicas of two runs never coexist (the
+                # inputs hold the optimizer, its model and the examples).
+                del updater, inputs
+                gc.collect()
+                free_gpu_memory(device_specs)
+    return {'chunk_size': chunk_size, 'chunking': chunking, 'warmup': warmup}
+
+
+def _mode_inputs(net, mode, device_specs, settings, args, timeline, world):
+    """A fresh model, its optimizer and the data a mode's updater trains on.
+
+    Args:
+        net (str): The network.
+        mode (str): A key of :data:`MODES`.
+        device_specs (list of str): One device per replica.
+        settings (Settings): Image size and batch per device.
+        args (argparse.Namespace): The command line (classes, seed,
+            chunk size).
+        timeline (cgdp_chainer.Timeline or None): For the cgdp mode.
+        world (World or None): The MPI ranks; None in a single process.
+
+    Returns:
+        experiments.modes.RunInputs: What the mode builds its updater from.
+    """
     model = train.build_model(net, n_classes=args.classes, seed=args.seed)
     optimizer = train.build_optimizer(model)
     batch_total = settings.batch * len(device_specs)
@@ -230,45 +276,52 @@ def time_mode(net, mode, device_specs, settings, args, timeline, on_step,
         examples = rank_examples(world, batch_total * BATCHES_IN_MEMORY,
                                  settings.image_size, args.classes,
                                  args.seed)
-    inputs = RunInputs(optimizer, examples, device_specs, settings.batch,
-                       args.chunk_size if mode == 'cgdp' else None,
-                       timeline, world)
-    gpus = [device for device in devices_module.parse_devices(device_specs)
-            if devices_module.is_gpu(device)]
-    with blas.BlasLimit(mpi_world.rank_blas_limit(world, device_specs)):
-        with stops.signals.hold():  # a half-built updater cannot finalize
-            updater = MODES[mode].build(inputs)
-        warmup = 0
-        # Nothing touches the model between these updates: CGDP's GPU
-        # replicas need not take the master's values again each time.
-        unattended = getattr(updater, 'unattended', contextlib.nullcontext)
-        try:
-            stops.check()
-            with unattended():
-                while warmup < settings.warmup or \
-                        chunk_search_running(updater):
-                    updater.update()
-                    synchronize(gpus)
-                    warmup += 1
-                    stops.iteration()
-                    on_step(None, None)
-                for index in range(settings.iterations):
-                    start = time.perf_counter()
-                    updater.update()
-                    synchronize(gpus)
-                    seconds = stops.iteration(time.perf_counter() - start)
-                    on_step(index, seconds)
-        finally:
-            with stops.signals.hold():
-                updater.finalize()
-                chunk_size = getattr(updater, 'chunk_size', None)
-                chunking = getattr(updater, 'chunking_description', None)
-                # Drop every reference to the run's arrays before the next
-                # run, so that the replicas of two runs never coexist.
-                del updater, inputs, optimizer, model, examples
-                gc.collect()
-                free_gpu_memory(device_specs)
-    return {'chunk_size': chunk_size, 'chunking': chunking, 'warmup': warmup}
+    return RunInputs(optimizer, examples, device_specs, settings.batch,
+                     args.chunk_size if mode == 'cgdp' else None,
+                     timeline, world)
+
+
+def _warm_up(updater, iterations, gpus, stops, on_step):
+    """Runs the untimed iterations: ``iterations``, or more while CGDP's
+    chunk size search goes on.
+
+    Args:
+        updater: The mode's updater.
+        iterations (int): Warm-up iterations asked for.
+        gpus (list of chainer.backend.GpuDevice): The GPUs to wait for.
+        stops (experiments.mpi_world.StopPoints): Checked after each one.
+        on_step (callable): Called with ``(None, None)`` after each one.
+
+    Returns:
+        int: The warm-up iterations run.
+    """
+    warmup = 0
+    while warmup < iterations or chunk_search_running(updater):
+        updater.update()
+        synchronize(gpus)
+        warmup += 1
+        stops.iteration()
+        on_step(None, None)
+    return warmup
+
+
+def _measure(updater, iterations, gpus, stops, on_step):
+    """Runs and times the measured iterations one by one.
+
+    Args:
+        updater: The mode's updater.
+        iterations (int): Measured iterations.
+        gpus (list of chainer.backend.GpuDevice): The GPUs to wait for.
+        stops (experiments.mpi_world.StopPoints): Checked after each one;
+            under MPI it gives the largest time over the ranks.
+        on_step (callable): ``on_step(index, seconds)`` after each one.
+    """
+    for index in range(iterations):
+        start = time.perf_counter()
+        updater.update()
+        synchronize(gpus)
+        seconds = stops.iteration(time.perf_counter() - start)
+        on_step(index, seconds)
 
 
 def write_timeline(folder, timeline, warmup):
