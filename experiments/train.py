@@ -224,54 +224,124 @@ def build_updater(kind, iterator, optimizer, devices, chunk_size=None,
     specs = _device_specs(devices)
     parsed = devices_module.parse_devices(specs)
     if kind != 'cgdp':
-        for name, value in (('chunk_size', chunk_size),
-                            ('reduction', reduction), ('timeline', timeline)):
-            if value is not None:
-                raise ValueError('{} applies only to the cgdp updater, not '
-                                 '{!r}'.format(name, kind))
-        if cgdp_options:
-            raise ValueError('{} apply only to the cgdp updater'.format(
-                ', '.join(sorted(cgdp_options))))
-    if kind in ('standard', 'parallel') and comm is not None and \
-            cgdp_mpi.as_mpi_comm(comm).Get_size() > 1:
-        raise ValueError('the {} updater does not communicate across MPI '
-                         'ranks; use cgdp or chainermn'.format(kind))
+        _refuse_cgdp_options(kind, chunk_size, reduction, timeline,
+                             cgdp_options)
+    if kind in ('standard', 'parallel'):
+        _refuse_several_ranks(kind, comm)
     if kind == 'standard':
-        if len(parsed) != 1:
-            raise ValueError('the standard updater takes one device, got '
-                             '{}; use parallel or cgdp'.format(len(parsed)))
-        return training.updaters.StandardUpdater(
-            iterator, optimizer, device=parsed[0])
+        return _standard_updater(iterator, optimizer, parsed)
     if kind == 'parallel':
-        device_dict = {'main': parsed[0]}
-        for index, device in enumerate(parsed[1:], start=1):
-            device_dict['replica{}'.format(index)] = device
-        return _ResumableParallelUpdater(iterator, optimizer,
-                                         devices=device_dict)
+        return _parallel_updater(iterator, optimizer, parsed)
     if kind == 'cgdp':
-        from cgdp_chainer import CGDPUpdater
-        if comm is not None:
-            cgdp_options['mpi_comm'] = comm
-        return CGDPUpdater(
-            iterator, optimizer, specs,
-            chunk_size=DEFAULT_CHUNK_SIZE if chunk_size is None
-            else chunk_size,
-            reduction=DEFAULT_REDUCTION if reduction is None else reduction,
-            timeline=timeline, **cgdp_options)
+        return _cgdp_updater(iterator, optimizer, specs, chunk_size,
+                             reduction, timeline, comm, cgdp_options)
     if kind == 'chainermn':
-        if comm is None:
-            raise ValueError('the chainermn updater needs an MPI '
-                             'communicator (comm=)')
-        if len(parsed) != 1:
-            raise ValueError('the chainermn updater takes one device per '
-                             'rank, got {}; use cgdp for several'.format(
-                                 len(parsed)))
-        # CGDPUpdater checks this itself; ChainerMN would only broadcast.
-        cgdp_mpi.check_consistency(comm, optimizer.target, optimizer)
-        return cgdp_mpi.make_chainermn_updater(iterator, optimizer, comm,
-                                               parsed[0])
+        return _chainermn_updater(iterator, optimizer, parsed, comm)
     raise ValueError('unknown updater {!r}; choose from {}'.format(
         kind, ', '.join(UPDATERS)))
+
+
+def _refuse_cgdp_options(kind, chunk_size, reduction, timeline,
+                         cgdp_options):
+    """Refuses CGDP's options given to another updater.
+
+    Args:
+        kind (str): The updater asked for (not ``'cgdp'``).
+        chunk_size, reduction, timeline: As given to :func:`build_updater`
+            (None: not given).
+        cgdp_options (dict): Further CGDPUpdater keyword arguments given.
+
+    Raises:
+        ValueError: One of them was given.
+    """
+    for name, value in (('chunk_size', chunk_size),
+                        ('reduction', reduction), ('timeline', timeline)):
+        if value is not None:
+            raise ValueError('{} applies only to the cgdp updater, not '
+                             '{!r}'.format(name, kind))
+    if cgdp_options:
+        raise ValueError('{} apply only to the cgdp updater'.format(
+            ', '.join(sorted(cgdp_options))))
+
+
+def _refuse_several_ranks(kind, comm):
+    """Refuses a single-process updater on a communicator of several ranks.
+
+    Args:
+        kind (str): ``'standard'`` or ``'parallel'``.
+        comm (mpi4py.MPI.Comm or None): The ranks to train with.
+
+    Raises:
+        ValueError: ``comm`` has more than one rank.
+    """
+    if comm is not None and cgdp_mpi.as_mpi_comm(comm).Get_size() > 1:
+        raise ValueError('the {} updater does not communicate across MPI '
+                         'ranks; use cgdp or chainermn'.format(kind))
+
+
+def _standard_updater(iterator, optimizer, parsed):
+    """Chainer's StandardUpdater on the one device of ``parsed``."""
+    if len(parsed) != 1:
+        raise ValueError('the standard updater takes one device, got '
+                         '{}; use parallel or cgdp'.format(len(parsed)))
+    return training.updaters.StandardUpdater(
+        iterator, optimizer, device=parsed[0])
+
+
+def _parallel_updater(iterator, optimizer, parsed):
+    """Chainer's ParallelUpdater on ``parsed``: ``main``, ``replica1``, ..."""
+    device_dict = {'main': parsed[0]}
+    for index, device in enumerate(parsed[1:], start=1):
+        device_dict['replica{}'.format(index)] = device
+    return _ResumableParallelUpdater(iterator, optimizer,
+                                     devices=device_dict)
+
+
+def _cgdp_updater(iterator, optimizer, specs, chunk_size, reduction,
+                  timeline, comm, cgdp_options):
+    """CGDPUpdater with this script's defaults (see :func:`build_updater`).
+
+    Args:
+        iterator: The training iterator.
+        optimizer: The optimizer, set up on the model.
+        specs (list of str): The device specifiers.
+        chunk_size (int, str or None): None: :data:`DEFAULT_CHUNK_SIZE`.
+        reduction (str or None): None: :data:`DEFAULT_REDUCTION`.
+        timeline (cgdp_chainer.Timeline or None): Event recorder.
+        comm (mpi4py.MPI.Comm or None): CGDP's ``mpi_comm`` if given.
+        cgdp_options (dict): Further CGDPUpdater keyword arguments.
+    """
+    from cgdp_chainer import CGDPUpdater
+    options = dict(cgdp_options)
+    if comm is not None:
+        options['mpi_comm'] = comm
+    return CGDPUpdater(
+        iterator, optimizer, specs,
+        chunk_size=DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size,
+        reduction=DEFAULT_REDUCTION if reduction is None else reduction,
+        timeline=timeline, **options)
+
+
+def _chainermn_updater(iterator, optimizer, parsed, comm):
+    """The ChainerMN baseline on the one device of ``parsed`` per rank.
+
+    Args:
+        iterator: This rank's training iterator.
+        optimizer: The optimizer, set up on the model.
+        parsed (list of chainer.backend.Device): This rank's devices.
+        comm (mpi4py.MPI.Comm or None): The ranks (required).
+    """
+    if comm is None:
+        raise ValueError('the chainermn updater needs an MPI '
+                         'communicator (comm=)')
+    if len(parsed) != 1:
+        raise ValueError('the chainermn updater takes one device per '
+                         'rank, got {}; use cgdp for several'.format(
+                             len(parsed)))
+    # CGDPUpdater checks this itself; ChainerMN would only broadcast.
+    cgdp_mpi.check_consistency(comm, optimizer.target, optimizer)
+    return cgdp_mpi.make_chainermn_updater(iterator, optimizer, comm,
+                                           parsed[0])
 
 
 def _global_seed(seed, iteration, rank=0):
@@ -677,28 +747,12 @@ def run(args, comm=None):
     """
     rank = 0 if comm is None else comm.Get_rank()
     replaced = check_outputs(args) if rank == 0 else []
-    model = build_model(args.net, n_classes=args.classes, seed=args.seed)
-    if args.updater == 'cgdp':
-        from cgdp_chainer.runtime import readiness
-        cli.check_chunk_size(args.chunk_size, args.net,
-                             readiness.count_layers(model))
-    try:
-        dataset = build_dataset(args.image_size, n_classes=args.classes,
-                                seed=args.seed, length=args.train_length,
-                                train_list=args.train_list, root=args.root)
-    except datasets.ImageListError as error:
-        cli.fail(str(error))
+    model = _checked_model(args)
+    dataset = _checked_dataset(args)
     if rank == 0:
         prepare_outputs(args, replaced)
     if comm is not None:
-        dataset = _shard(dataset, comm, args.seed)
-        if rank == 0:
-            size = comm.Get_size()
-            print('MPI: {} ranks x {} device(s); batch {} per rank, {} in '
-                  'all; {} examples per rank; rank 0 writes the log and '
-                  'snapshots'.format(size, len(args.devices), args.batchsize,
-                                     args.batchsize * size, len(dataset)),
-                  flush=True)
+        dataset = _rank_dataset(dataset, comm, args)
     optimizer = build_optimizer(model, lr=args.lr, momentum=args.momentum)
     iterator = build_iterator(dataset, args.batchsize, seed=args.seed)
     timeline = None
@@ -709,6 +763,85 @@ def run(args, comm=None):
                             chunk_size=args.chunk_size,
                             reduction=args.reduction, timeline=timeline,
                             comm=comm)
+    trainer, seconds = _train(args, updater, rank)
+    if rank != 0:
+        return trainer
+    _report(args, updater, timeline, seconds)
+    return trainer
+
+
+def _checked_model(args):
+    """The network of ``args``, its chunk size checked against its layers.
+
+    Args:
+        args (argparse.Namespace): Checked arguments.
+
+    Returns:
+        models.Classifier: The model (see :func:`build_model`).
+    """
+    model = build_model(args.net, n_classes=args.classes, seed=args.seed)
+    if args.updater == 'cgdp':
+        from cgdp_chainer.runtime import readiness
+        cli.check_chunk_size(args.chunk_size, args.net,
+                             readiness.count_layers(model))
+    return model
+
+
+def _checked_dataset(args):
+    """The training data of ``args``; a bad list or image exits with 2.
+
+    Args:
+        args (argparse.Namespace): Checked arguments.
+
+    Returns:
+        chainer.dataset.DatasetMixin: The dataset (see
+        :func:`build_dataset`).
+    """
+    try:
+        return build_dataset(args.image_size, n_classes=args.classes,
+                             seed=args.seed, length=args.train_length,
+                             train_list=args.train_list, root=args.root)
+    except datasets.ImageListError as error:
+        cli.fail(str(error))
+
+
+def _rank_dataset(dataset, comm, args):
+    """This rank's shard of ``dataset``; rank 0 describes the split.
+
+    Args:
+        dataset: The whole training data.
+        comm (mpi4py.MPI.Comm): The ranks to train with.
+        args (argparse.Namespace): Checked arguments.
+
+    Returns:
+        The shard (see :func:`_shard`).
+    """
+    dataset = _shard(dataset, comm, args.seed)
+    if comm.Get_rank() == 0:
+        size = comm.Get_size()
+        print('MPI: {} ranks x {} device(s); batch {} per rank, {} in '
+              'all; {} examples per rank; rank 0 writes the log and '
+              'snapshots'.format(size, len(args.devices), args.batchsize,
+                                 args.batchsize * size, len(dataset)),
+              flush=True)
+    return dataset
+
+
+def _train(args, updater, rank):
+    """Builds the trainer, resumes it if asked, and trains.
+
+    The updater is finalized here if training never starts (the trainer
+    finalizes it once it runs).
+
+    Args:
+        args (argparse.Namespace): Checked arguments.
+        updater: The updater (see :func:`build_updater`).
+        rank (int): The MPI rank (0 without MPI).
+
+    Returns:
+        tuple: ``(trainer, seconds)``: the trainer after the run and the
+        seconds its run took.
+    """
     started = False
     try:
         trainer = build_trainer(updater, args.iterations, args.out,
@@ -716,38 +849,68 @@ def run(args, comm=None):
                                 log_interval=args.log_interval,
                                 seed=args.seed, rank=rank)
         if args.resume is not None:
-            try:
-                chainer.serializers.load_npz(args.resume, trainer)
-            except Exception as error:
-                # Another network's snapshot, or a file damaged beyond its
-                # iteration entry: bad input, not a bug.
-                cli.fail('cannot resume from {!r}: {}: {}'.format(
-                    args.resume, type(error).__name__, error))
+            _resume(trainer, args.resume)
         start_time = time.perf_counter()
         started = True
-        try:
-            # Chainer's own report of a loop exception is a second
-            # traceback; an unexpected error still gets Python's.
-            trainer.run(show_loop_exception_msg=False)
-        except datasets.ImageListError as error:
-            # The trainer has finalized the updater and kept its snapshots.
-            kept = _snapshots(args.out) if rank == 0 else {}
-            cli.fail('{}; training stopped after iteration {} ({})'.format(
-                error, updater.iteration,
-                'kept {} in {}'.format(_names(kept.values()), args.out)
-                if kept else 'no snapshot was taken'))
+        _run_trainer(trainer, updater, args.out, rank)
     finally:
         if not started:
             updater.finalize()
-    seconds = time.perf_counter() - start_time
-    if rank != 0:
-        return trainer
+    return trainer, time.perf_counter() - start_time
+
+
+def _resume(trainer, path):
+    """Loads the snapshot ``path`` into ``trainer``; exits with 2 if bad.
+
+    Args:
+        trainer (chainer.training.Trainer): The trainer.
+        path (str): The ``--resume`` snapshot.
+    """
+    try:
+        chainer.serializers.load_npz(path, trainer)
+    except Exception as error:
+        # Another network's snapshot, or a file damaged beyond its
+        # iteration entry: bad input, not a bug.
+        cli.fail('cannot resume from {!r}: {}: {}'.format(
+            path, type(error).__name__, error))
+
+
+def _run_trainer(trainer, updater, out, rank):
+    """Runs ``trainer``; an image that fails to decode exits with 2.
+
+    Args:
+        trainer (chainer.training.Trainer): The trainer.
+        updater: Its updater (for the iteration reached).
+        out (str): The ``--out`` folder (for the snapshots kept).
+        rank (int): The MPI rank (0 without MPI).
+    """
+    try:
+        # Chainer's own report of a loop exception is a second
+        # traceback; an unexpected error still gets Python's.
+        trainer.run(show_loop_exception_msg=False)
+    except datasets.ImageListError as error:
+        # The trainer has finalized the updater and kept its snapshots.
+        kept = _snapshots(out) if rank == 0 else {}
+        cli.fail('{}; training stopped after iteration {} ({})'.format(
+            error, updater.iteration,
+            'kept {} in {}'.format(_names(kept.values()), out)
+            if kept else 'no snapshot was taken'))
+
+
+def _report(args, updater, timeline, seconds):
+    """Writes the trace and prints what was trained (rank 0).
+
+    Args:
+        args (argparse.Namespace): Checked arguments.
+        updater: The updater after the run.
+        timeline (cgdp_chainer.Timeline or None): The recorded events.
+        seconds (float): The training time.
+    """
     if timeline is not None:
         timeline.export_chrome_trace(args.trace)
         print('wrote the Chrome trace to {}'.format(args.trace))
     print('trained {} to iteration {} in {:.1f} s; log and snapshots in '
           '{}'.format(args.net, updater.iteration, seconds, args.out))
-    return trainer
 
 
 def rank_devices(specs, local_rank):

@@ -219,6 +219,52 @@ def time_mode(net, mode, device_specs, settings, args, timeline, on_step,
         stops = mpi_world.StopPoints(world, stopping.StopSignals())
     # Dropout draws from the global state; ranks draw different masks.
     numpy.random.seed(args.seed + (0 if world is None else world.rank))
+    inputs = _mode_inputs(net, mode, device_specs, settings, args, timeline,
+                          world)
+    gpus = [device for device in devices_module.parse_devices(device_specs)
+            if devices_module.is_gpu(device)]
+    with blas.BlasLimit(mpi_world.rank_blas_limit(world, device_specs)):
+        with stops.signals.hold():  # a half-built updater cannot finalize
+            updater = MODES[mode].build(inputs)
+        # Nothing touches the model between these updates: CGDP's GPU
+        # replicas need not take the master's values again each time.
+        unattended = getattr(updater, 'unattended', contextlib.nullcontext)
+        try:
+            stops.check()
+            with unattended():
+                warmup = _warm_up(updater, settings.warmup, gpus, stops,
+                                  on_step)
+                _measure(updater, settings.iterations, gpus, stops, on_step)
+        finally:
+            with stops.signals.hold():
+                updater.finalize()
+                chunk_size = getattr(updater, 'chunk_size', None)
+                chunking = getattr(updater, 'chunking_description', None)
+                # Drop every reference to the run's arrays before the next
+                # run, so that the replicas of two runs never coexist (the
+                # inputs hold the optimizer, its model and the examples).
+                del updater, inputs
+                gc.collect()
+                free_gpu_memory(device_specs)
+    return {'chunk_size': chunk_size, 'chunking': chunking, 'warmup': warmup}
+
+
+def _mode_inputs(net, mode, device_specs, settings, args, timeline, world):
+    """A fresh model, its optimizer and the data a mode's updater trains on.
+
+    Args:
+        net (str): The network.
+        mode (str): A key of :data:`MODES`.
+        device_specs (list of str): One device per replica.
+        settings (Settings): Image size and batch per device.
+        args (argparse.Namespace): The command line (classes, seed,
+            chunk size).
+        timeline (cgdp_chainer.Timeline or None): For the cgdp mode.
+        world (World or None): The MPI ranks; None in a single process.
+
+    Returns:
+        experiments.modes.RunInputs: What the mode builds its updater from.
+    """
     model = train.build_model(net, n_classes=args.classes, seed=args.seed)
     optimizer = train.build_optimizer(model)
     batch_total = settings.batch * len(device_specs)
@@ -230,45 +276,52 @@ def time_mode(net, mode, device_specs, settings, args, timeline, on_step,
         examples = rank_examples(world, batch_total * BATCHES_IN_MEMORY,
                                  settings.image_size, args.classes,
                                  args.seed)
-    inputs = RunInputs(optimizer, examples, device_specs, settings.batch,
-                       args.chunk_size if mode == 'cgdp' else None,
-                       timeline, world)
-    gpus = [device for device in devices_module.parse_devices(device_specs)
-            if devices_module.is_gpu(device)]
-    with blas.BlasLimit(mpi_world.rank_blas_limit(world, device_specs)):
-        with stops.signals.hold():  # a half-built updater cannot finalize
-            updater = MODES[mode].build(inputs)
-        warmup = 0
-        # Nothing touches the model between these updates: CGDP's GPU
-        # replicas need not take the master's values again each time.
-        unattended = getattr(updater, 'unattended', contextlib.nullcontext)
-        try:
-            stops.check()
-            with unattended():
-                while warmup < settings.warmup or \
-                        chunk_search_running(updater):
-                    updater.update()
-                    synchronize(gpus)
-                    warmup += 1
-                    stops.iteration()
-                    on_step(None, None)
-                for index in range(settings.iterations):
-                    start = time.perf_counter()
-                    updater.update()
-                    synchronize(gpus)
-                    seconds = stops.iteration(time.perf_counter() - start)
-                    on_step(index, seconds)
-        finally:
-            with stops.signals.hold():
-                updater.finalize()
-                chunk_size = getattr(updater, 'chunk_size', None)
-                chunking = getattr(updater, 'chunking_description', None)
-                # Drop every reference to the run's arrays before the next
-                # run, so that the replicas of two runs never coexist.
-                del updater, inputs, optimizer, model, examples
-                gc.collect()
-                free_gpu_memory(device_specs)
-    return {'chunk_size': chunk_size, 'chunking': chunking, 'warmup': warmup}
+    return RunInputs(optimizer, examples, device_specs, settings.batch,
+                     args.chunk_size if mode == 'cgdp' else None,
+                     timeline, world)
+
+
+def _warm_up(updater, iterations, gpus, stops, on_step):
+    """Runs the untimed iterations: ``iterations``, or more while CGDP's
+    chunk size search goes on.
+
+    Args:
+        updater: The mode's updater.
+        iterations (int): Warm-up iterations asked for.
+        gpus (list of chainer.backend.GpuDevice): The GPUs to wait for.
+        stops (experiments.mpi_world.StopPoints): Checked after each one.
+        on_step (callable): Called with ``(None, None)`` after each one.
+
+    Returns:
+        int: The warm-up iterations run.
+    """
+    warmup = 0
+    while warmup < iterations or chunk_search_running(updater):
+        updater.update()
+        synchronize(gpus)
+        warmup += 1
+        stops.iteration()
+        on_step(None, None)
+    return warmup
+
+
+def _measure(updater, iterations, gpus, stops, on_step):
+    """Runs and times the measured iterations one by one.
+
+    Args:
+        updater: The mode's updater.
+        iterations (int): Measured iterations.
+        gpus (list of chainer.backend.GpuDevice): The GPUs to wait for.
+        stops (experiments.mpi_world.StopPoints): Checked after each one;
+            under MPI it gives the largest time over the ranks.
+        on_step (callable): ``on_step(index, seconds)`` after each one.
+    """
+    for index in range(iterations):
+        start = time.perf_counter()
+        updater.update()
+        synchronize(gpus)
+        seconds = stops.iteration(time.perf_counter() - start)
+        on_step(index, seconds)
 
 
 def write_timeline(folder, timeline, warmup):
@@ -339,94 +392,23 @@ def run_network(net_plan, plan, args, run_id, command, progress, stops,
         experiments.stopping.Interrupted: The run was stopped by a signal
             (after its files were written).
     """
-    net, settings = net_plan.net, net_plan.settings
-    kind, counts = plan.kind, plan.counts
     root = is_root(world)
-    n_ranks = 1 if world is None else world.size
-    folder = results.run_dir(args.out, net, run_id) if root else None
-    largest = max(counts)
-    env = results.collect_env(
-        command, net=net, run_id=run_id, image_size=settings.image_size,
-        image_size_reason=net_plan.reason,
-        batch_per_device=settings.batch, iterations=settings.iterations,
-        warmup=settings.warmup, chunk_size_requested=args.chunk_size,
-        n_classes=args.classes, seed=args.seed, device_counts=counts,
-        n_ranks=n_ranks,
-        mpi=mpi_world.mpi_settings(world, SINGLE_PROCESS_ONLY),
-        device_kind=run_plan.device_kind_name(kind),
-        device_names=[devices_module.describe(d) for d in
-                      devices_module.parse_devices(
-                          device_specs_for(kind, largest, world))],
-        modes=plan.modes, skipped=[], cgdp_chunk_size={}, warmup_run={},
-        timeline=None, finished=False, interrupted=False) if root else {}
+    folder = results.run_dir(args.out, net_plan.net, run_id) if root else None
+    env = _initial_env(net_plan, plan, args, run_id, command,
+                       world) if root else {}
     if root:
         with stops.signals.hold():
-            os.makedirs(folder)
-            env_path = os.path.join(folder, results.ENV_FILE)
-            results.write_json(env_path, env)
-            writer = results.CsvAppender(
-                os.path.join(folder, results.RUNS_FILE), results.RUNS_COLUMNS)
+            writer = _open_run_folder(folder, env)
     else:
         writer = _NoWriter()
     started = time.monotonic()
     try:
-        for count in counts:
-            specs = device_specs_for(kind, count, world)
-            weight = run_plan.iteration_cost(net, settings, count, kind)
-            for mode in plan.modes:
-                reason = MODES[mode].skip_reason(specs, world)
-                if reason:  # announced with the plan (see skipped_runs)
-                    if root:
-                        env['skipped'].append({'mode': mode,
-                                               'n_devices': count,
-                                               'reason': reason})
-                    continue
-                stops.check()
-                label = '{} {} N={}{}'.format(
-                    net, mode, count,
-                    '' if world is None else ' R={}'.format(n_ranks))
-                # Rank 0's timeline stands for every rank's.
-                timeline = (Timeline() if mode == 'cgdp' and count == largest
-                            and root else None)
-
-                def on_step(index, seconds, mode=mode, count=count,
-                            label=label, weight=weight):
-                    if index is not None:
-                        writer.append(results.run_row(
-                            mode, count, settings.batch,
-                            settings.image_size, index, seconds,
-                            n_ranks=n_ranks))
-                        step = 'it {}/{}'.format(index + 1,
-                                                 settings.iterations)
-                    else:
-                        step = 'warm-up'
-                    progress.advance(weight, '{} {}'.format(label, step))
-
-                progress.start_clock()
-                info = time_mode(net, mode, specs, settings, args, timeline,
-                                 on_step, world, stops)
-                if not root:
-                    continue
-                env['warmup_run']['{} N={}'.format(mode, count)] = \
-                    info['warmup']
-                if mode == 'cgdp':
-                    env['cgdp_chunk_size'][str(count)] = info['chunk_size']
-                if timeline is not None:
-                    with stops.signals.hold():
-                        chosen = write_timeline(folder, timeline,
-                                                info['warmup'])
-                    if chosen is not None:
-                        env['timeline'] = {
-                            'mode': mode, 'n_devices': count,
-                            'n_ranks': n_ranks,
-                            'iteration': chosen['iteration'],
-                            'duration_s': chosen['duration'],
-                            'chunk_size': info['chunk_size'],
-                            'chunking': info['chunking']}
+        _run_modes(net_plan, plan, args, folder, env, writer, progress, stops,
+                   world)
         if root and world is None and args.model:
             env['model'] = write_prediction(
-                folder, net, writer.path, device_specs_for(kind, 1)[0], args,
-                progress)
+                folder, net_plan.net, writer.path,
+                device_specs_for(plan.kind, 1)[0], args, progress)
         env['finished'] = True
     except KeyboardInterrupt:
         env['interrupted'] = True
@@ -434,16 +416,182 @@ def run_network(net_plan, plan, args, run_id, command, progress, stops,
     finally:
         if root:
             with stops.signals.hold():
-                writer.close()
-                runs = results.read_csv(writer.path)
-                results.write_csv(os.path.join(folder, results.SUMMARY_FILE),
-                                  results.SUMMARY_COLUMNS,
-                                  results.summarize(runs))
-                env['wall_seconds'] = time.monotonic() - started
-                env['load_average_at_end'] = results.load_average()
-                results.write_json(env_path, env)
-                plot.draw_run(folder)
+                _close_run_folder(folder, env, writer, started)
     return folder
+
+
+def _initial_env(net_plan, plan, args, run_id, command, world):
+    """env.json as it stands before any mode runs.
+
+    Args:
+        net_plan (experiments.run_plan.NetPlan): The network and settings.
+        plan (experiments.run_plan.Plan): The whole run.
+        args (argparse.Namespace): The parsed command line.
+        run_id (str): The run's folder name.
+        command (list of str): The command line.
+        world (World or None): The MPI ranks; None in a single process.
+
+    Returns:
+        dict: The environment, with the run's settings and empty records
+        of what the modes will do.
+    """
+    settings, kind, counts = net_plan.settings, plan.kind, plan.counts
+    return results.collect_env(
+        command, net=net_plan.net, run_id=run_id,
+        image_size=settings.image_size, image_size_reason=net_plan.reason,
+        batch_per_device=settings.batch, iterations=settings.iterations,
+        warmup=settings.warmup, chunk_size_requested=args.chunk_size,
+        n_classes=args.classes, seed=args.seed, device_counts=counts,
+        n_ranks=1 if world is None else world.size,
+        mpi=mpi_world.mpi_settings(world, SINGLE_PROCESS_ONLY),
+        device_kind=run_plan.device_kind_name(kind),
+        device_names=[devices_module.describe(d) for d in
+                      devices_module.parse_devices(
+                          device_specs_for(kind, max(counts), world))],
+        modes=plan.modes, skipped=[], cgdp_chunk_size={}, warmup_run={},
+        timeline=None, finished=False, interrupted=False)
+
+
+def _open_run_folder(folder, env):
+    """Creates the run folder with its env.json; opens runs.csv.
+
+    Args:
+        folder (str): The run folder (must not exist yet).
+        env (dict): env.json's first content.
+
+    Returns:
+        experiments.results.CsvAppender: The writer of runs.csv.
+    """
+    os.makedirs(folder)
+    results.write_json(os.path.join(folder, results.ENV_FILE), env)
+    return results.CsvAppender(os.path.join(folder, results.RUNS_FILE),
+                               results.RUNS_COLUMNS)
+
+
+def _run_modes(net_plan, plan, args, folder, env, writer, progress, stops,
+               world):
+    """Times every mode at every device count, skipping those that cannot
+    run (recorded in ``env['skipped']``).
+
+    Args:
+        net_plan (experiments.run_plan.NetPlan): The network and settings.
+        plan (experiments.run_plan.Plan): The whole run.
+        args (argparse.Namespace): The parsed command line.
+        folder (str or None): The run folder (None on ranks other than 0).
+        env (dict): env.json's content, completed here on rank 0.
+        writer: Where each measured iteration's row goes.
+        progress (Progress): The progress bar to advance.
+        stops (experiments.mpi_world.StopPoints): Checked before every
+            mode and after every iteration.
+        world (World or None): The MPI ranks; None in a single process.
+    """
+    net, settings, kind = net_plan.net, net_plan.settings, plan.kind
+    root = is_root(world)
+    n_ranks = 1 if world is None else world.size
+    largest = max(plan.counts)
+    for count in plan.counts:
+        specs = device_specs_for(kind, count, world)
+        weight = run_plan.iteration_cost(net, settings, count, kind)
+        for mode in plan.modes:
+            reason = MODES[mode].skip_reason(specs, world)
+            if reason:  # announced with the plan (see skipped_runs)
+                if root:
+                    env['skipped'].append({'mode': mode, 'n_devices': count,
+                                           'reason': reason})
+                continue
+            stops.check()
+            label = '{} {} N={}{}'.format(
+                net, mode, count,
+                '' if world is None else ' R={}'.format(n_ranks))
+            # Rank 0's timeline stands for every rank's.
+            timeline = (Timeline() if mode == 'cgdp' and count == largest
+                        and root else None)
+            on_step = _step_recorder(writer, progress, mode, count, settings,
+                                     n_ranks, label, weight)
+            progress.start_clock()
+            info = time_mode(net, mode, specs, settings, args, timeline,
+                             on_step, world, stops)
+            if root:
+                _record_mode(folder, env, mode, count, n_ranks, info,
+                             timeline, stops)
+
+
+def _step_recorder(writer, progress, mode, count, settings, n_ranks, label,
+                   weight):
+    """The ``on_step`` of :func:`time_mode` for one mode and device count:
+    it writes each measured iteration's row and advances the progress bar.
+
+    Args:
+        writer: Where each measured iteration's row goes.
+        progress (Progress): The progress bar.
+        mode (str): The mode.
+        count (int): Its device count.
+        settings (Settings): Batch, image size and iterations.
+        n_ranks (int): The MPI ranks (1 in a single process).
+        label (str): The run's name on the progress bar.
+        weight (float): One iteration's share of the bar.
+    """
+    def on_step(index, seconds):
+        if index is not None:
+            writer.append(results.run_row(
+                mode, count, settings.batch, settings.image_size, index,
+                seconds, n_ranks=n_ranks))
+            step = 'it {}/{}'.format(index + 1, settings.iterations)
+        else:
+            step = 'warm-up'
+        progress.advance(weight, '{} {}'.format(label, step))
+
+    return on_step
+
+
+def _record_mode(folder, env, mode, count, n_ranks, info, timeline, stops):
+    """Records what a mode's run did in ``env``; writes its timeline.
+
+    Args:
+        folder (str): The run folder.
+        env (dict): env.json's content.
+        mode (str): The mode.
+        count (int): Its device count.
+        n_ranks (int): The MPI ranks (1 in a single process).
+        info (dict): What :func:`time_mode` returned.
+        timeline (cgdp_chainer.Timeline or None): Its recorded events.
+        stops (experiments.mpi_world.StopPoints): Its signals are held
+            while the timeline is written.
+    """
+    env['warmup_run']['{} N={}'.format(mode, count)] = info['warmup']
+    if mode == 'cgdp':
+        env['cgdp_chunk_size'][str(count)] = info['chunk_size']
+    if timeline is None:
+        return
+    with stops.signals.hold():
+        chosen = write_timeline(folder, timeline, info['warmup'])
+    if chosen is not None:
+        env['timeline'] = {
+            'mode': mode, 'n_devices': count, 'n_ranks': n_ranks,
+            'iteration': chosen['iteration'],
+            'duration_s': chosen['duration'],
+            'chunk_size': info['chunk_size'],
+            'chunking': info['chunking']}
+
+
+def _close_run_folder(folder, env, writer, started):
+    """Closes runs.csv, then writes summary.csv, the final env.json and
+    the figures from what was measured.
+
+    Args:
+        folder (str): The run folder.
+        env (dict): env.json's content.
+        writer (experiments.results.CsvAppender): The writer of runs.csv.
+        started (float): ``time.monotonic()`` when the modes started.
+    """
+    writer.close()
+    runs = results.read_csv(writer.path)
+    results.write_csv(os.path.join(folder, results.SUMMARY_FILE),
+                      results.SUMMARY_COLUMNS, results.summarize(runs))
+    env['wall_seconds'] = time.monotonic() - started
+    env['load_average_at_end'] = results.load_average()
+    results.write_json(os.path.join(folder, results.ENV_FILE), env)
+    plot.draw_run(folder)
 
 
 def write_prediction(folder, net, runs_path, device_spec, args, progress):
