@@ -242,8 +242,9 @@ def time_mode(net, mode, device_specs, settings, args, timeline, on_step,
                 chunking = getattr(updater, 'chunking_description', None)
                 # Drop every reference to the run's arrays before the next
                 # run, so that the replicas of two runs never coexist (the
-                # inputs hold the optimizer, its model and the examples).
-                del updater, inputs
+                # inputs hold the optimizer, its model and the examples;
+                # the bound unattended method holds the updater).
+                del updater, inputs, unattended
                 gc.collect()
                 free_gpu_memory(device_specs)
     return {'chunk_size': chunk_size, 'chunking': chunking, 'warmup': warmup}
