@@ -9,6 +9,7 @@ the test as a traceback would); the Makefile's targets run as a user runs
 them.
 """
 import csv
+import importlib
 import json
 import os
 import subprocess
@@ -90,7 +91,10 @@ class UserNets(object):
 @pytest.fixture
 def user_nets(tmp_path, monkeypatch):
     nets = UserNets(tmp_path / 'nets')
-    monkeypatch.syspath_prepend(nets.folder)
+    # Not monkeypatch.syspath_prepend: it calls into pkg_resources, which
+    # on today's stacks is cgdp_chainer._compat's stand-in.
+    monkeypatch.setattr(sys, 'path', [str(nets.folder)] + sys.path)
+    importlib.invalidate_caches()
     # Relative default outputs (results/...) would land here.
     work = tmp_path / 'work'
     work.mkdir()
