@@ -166,17 +166,68 @@ def simulate_typical(workload, hardware, n_devices, iterations=2,
     network = inputs.resolve_network(network, n_nodes)
     caps = topology.capacities(hardware, n_devices)
     sim = engine.Simulation(caps)
-    n_bytes, arrays = workload.total_bytes, workload.total_arrays
-    net_s = costs.ring_allreduce_seconds(n_bytes, n_nodes, network)
+    net_s = costs.ring_allreduce_seconds(workload.total_bytes, n_nodes,
+                                         network)
+    graph = _TypicalGraph(sim, workload, hardware, caps, n_devices, n_nodes,
+                          net_s)
     if hardware.kind == 'cpu':
-        # One Python thread drives every replica: forwards, then backwards,
-        # then addgrads, update and copyparams, one after another; BLAS has
-        # every core (ParallelUpdater sets no limit).
+        compute_s = graph.add_cpu_iterations(iterations)
+    else:
+        compute_s = graph.add_gpu_iterations(iterations)
+    sim.run()
+    return iteration_result(sim.tasks, iterations, compute_s)
+
+
+class _TypicalGraph(object):
+    """Builds ``ParallelUpdater``'s task graph, iteration by iteration.
+
+    Args:
+        sim (Simulation): Where the tasks go.
+        workload (Workload): Per-layer costs.
+        hardware (Hardware): The machine.
+        caps (dict): The machine's shared resources (for the copies' rates).
+        n_devices (int): Replicas (per node).
+        n_nodes (int): Nodes (an all-reduce before the update above 1).
+        net_s (float): Seconds of the whole model's all-reduce across the
+            nodes.
+    """
+
+    def __init__(self, sim, workload, hardware, caps, n_devices, n_nodes,
+                 net_s):
+        self.sim = sim
+        self.workload = workload
+        self.hardware = hardware
+        self.caps = caps
+        self.n_devices = n_devices
+        self.n_nodes = n_nodes
+        self.net_s = net_s
+        self.n_bytes = workload.total_bytes
+        self.arrays = workload.total_arrays
+
+    def add_cpu_iterations(self, iterations):
+        """CPU replicas: one Python thread drives every replica, forwards,
+        then backwards, then addgrads, update and copyparams, one after
+        another; BLAS has every core (ParallelUpdater sets no limit).
+
+        Args:
+            iterations (int): Iterations to add.
+
+        Returns:
+            float: One replica's forward + backward seconds.
+        """
+        workload, hardware, sim = self.workload, self.hardware, self.sim
+        n_devices, arrays, n_bytes = self.n_devices, self.arrays, self.n_bytes
         forward, backward, demands = costs.cpu_compute(
             workload, hardware, hardware.cores, sim.caps)
         f_s, b_s = costs.whole_model_times(workload, hardware, forward,
                                            backward)
         ops = workload.host_ops
+        addgrads_s = costs.op_cost(ops, 'addgrads', arrays, n_bytes) \
+            if n_devices > 1 else None
+        update_s = costs.host_update_seconds(workload, hardware, arrays,
+                                             n_bytes)
+        copyparams_s = costs.op_cost(ops, 'copyparams', arrays, n_bytes) \
+            if n_devices > 1 else None
         last = None
         for it in range(iterations):
             for i in range(n_devices):
@@ -186,70 +237,94 @@ def simulate_typical(workload, hardware, n_devices, iterations=2,
                 last = sim.add('backward', i, None, it, b_s, [last],
                                demands=demands)
             for i in range(1, n_devices):
-                last = sim.add('addgrads', i, None, it, costs.op_cost(
-                    ops, 'addgrads', arrays, n_bytes), [last],
+                last = sim.add('addgrads', i, None, it, addgrads_s, [last],
                                demands={'cores': 1.0})
-            if n_nodes > 1:
-                last = sim.add('allreduce', 'network', None, it, net_s,
+            if self.n_nodes > 1:
+                last = sim.add('allreduce', 'network', None, it, self.net_s,
                                [last], exclusive='network')
-            last = sim.add('update', 0, None, it, costs.host_update_seconds(
-                workload, hardware, arrays, n_bytes), [last],
+            last = sim.add('update', 0, None, it, update_s, [last],
                            demands={'cores': 1.0})
             for i in range(1, n_devices):
-                last = sim.add('copyparams', i, None, it, costs.op_cost(
-                    ops, 'copyparams', arrays, n_bytes), [last],
-                               demands={'cores': 1.0})
-        sim.run()
-        return iteration_result(sim.tasks, iterations, f_s + b_s)
+                last = sim.add('copyparams', i, None, it, copyparams_s,
+                               [last], demands={'cores': 1.0})
+        return f_s + b_s
 
-    f_s, b_s = costs.whole_model_times(workload, hardware,
-                                       workload.forward_s,
-                                       workload.backward_s)
-    # One Python thread issues every replica's kernels: their host-side
-    # time shares one interpreter.
-    f_demands, b_demands = whole_model_gil_demands(workload, hardware, f_s,
-                                                   b_s)
-    add_s = costs.device_op_seconds(workload, hardware, 'add', arrays,
-                                    n_bytes)
-    update_s = costs.device_op_seconds(workload, hardware, 'update', arrays,
-                                       n_bytes)
-    ready = [None] * n_devices  # what each replica's next forward waits for
-    for it in range(iterations):
+    def add_gpu_iterations(self, iterations):
+        """GPUs: one Python thread issues every replica's kernels (their
+        host-side time shares one interpreter); device 0 gathers and adds
+        the gradients, updates and broadcasts the weights.
+
+        Args:
+            iterations (int): Iterations to add.
+
+        Returns:
+            float: One replica's forward + backward seconds.
+        """
+        workload, hardware = self.workload, self.hardware
+        f_s, b_s = costs.whole_model_times(workload, hardware,
+                                           workload.forward_s,
+                                           workload.backward_s)
+        demands = whole_model_gil_demands(workload, hardware, f_s, b_s)
+        add_s = costs.device_op_seconds(workload, hardware, 'add',
+                                        self.arrays, self.n_bytes)
+        update_s = costs.device_op_seconds(workload, hardware, 'update',
+                                           self.arrays, self.n_bytes)
+        # What each replica's next forward waits for.
+        ready = [None] * self.n_devices
+        for it in range(iterations):
+            backward = self._add_gpu_compute(it, ready, f_s, b_s, demands)
+            summed = self._add_gather_and_add(it, backward, add_s)
+            self._add_update_and_broadcast(it, summed, update_s, ready)
+        return f_s + b_s
+
+    def _add_gpu_compute(self, it, ready, f_s, b_s, demands):
+        """Each replica's forward and backward; returns the backwards."""
         backward = []
-        for i in range(n_devices):
-            fwd = sim.add('forward', i, None, it, f_s, [ready[i]],
-                          demands=f_demands)
-            backward.append(sim.add('backward', i, None, it, b_s, [fwd],
-                                    demands=b_demands))
+        for i in range(self.n_devices):
+            fwd = self.sim.add('forward', i, None, it, f_s, [ready[i]],
+                               demands=demands[0])
+            backward.append(self.sim.add('backward', i, None, it, b_s,
+                                         [fwd], demands=demands[1]))
+        return backward
+
+    def _add_gather_and_add(self, it, backward, add_s):
+        """Each other replica's gradients copied to device 0 and added
+        there, one after another; across nodes, then all-reduced. Returns
+        the task after which device 0 holds the sum."""
         previous_add = backward[0]
         previous_copy = None
-        for j in range(1, n_devices):
-            copy = add_transfer(sim, hardware, caps, 'gather', j, None, it,
-                                topology.peer_path(hardware, j, 0), n_bytes,
-                                arrays,
-                                [backward[j], previous_add, previous_copy],
-                                None)
+        for j in range(1, self.n_devices):
+            copy = add_transfer(
+                self.sim, self.hardware, self.caps, 'gather', j, None, it,
+                topology.peer_path(self.hardware, j, 0), self.n_bytes,
+                self.arrays, [backward[j], previous_add, previous_copy],
+                None)
             previous_copy = copy
-            previous_add = sim.add('add', 0, None, it, add_s,
-                                   [copy, previous_add])
-        if n_nodes > 1:
+            previous_add = self.sim.add('add', 0, None, it, add_s,
+                                        [copy, previous_add])
+        if self.n_nodes > 1:
             # The node's sum, all-reduced across the nodes; then every
             # device of every node holds the global sum (the update on
             # device 0 and the broadcast of the weights take as long as a
             # broadcast of the sum and an update on every device).
-            previous_add = sim.add('allreduce', 'network', None, it, net_s,
-                                   [previous_add], exclusive='network')
-        update = sim.add('update', 0, None, it, update_s, [previous_add])
+            previous_add = self.sim.add('allreduce', 'network', None, it,
+                                        self.net_s, [previous_add],
+                                        exclusive='network')
+        return previous_add
+
+    def _add_update_and_broadcast(self, it, summed, update_s, ready):
+        """Device 0's update and the weights' copies to each other replica,
+        one after another; sets what each replica's next forward waits
+        for in ``ready``."""
+        update = self.sim.add('update', 0, None, it, update_s, [summed])
         ready[0] = update
         previous = update
-        for j in range(1, n_devices):
-            previous = add_transfer(sim, hardware, caps, 'broadcast', j,
-                                    None, it,
-                                    topology.peer_path(hardware, 0, j),
-                                    n_bytes, arrays, [previous], None)
+        for j in range(1, self.n_devices):
+            previous = add_transfer(
+                self.sim, self.hardware, self.caps, 'broadcast', j, None, it,
+                topology.peer_path(self.hardware, 0, j), self.n_bytes,
+                self.arrays, [previous], None)
             ready[j] = previous
-    sim.run()
-    return iteration_result(sim.tasks, iterations, f_s + b_s)
 
 
 def simulate_cgdp(workload, hardware, n_devices, chunk_size, iterations=2,
