@@ -240,7 +240,8 @@ def format_table(rows):
     return '\n'.join(lines)
 
 
-def main(argv=None):
+def build_parser():
+    """The command line's parser."""
     from experiments import weak_scaling
     parser = cli.ArgumentParser(description='Compare the cost model with '
                                 'weak-scaling measurements on this CPU.')
@@ -277,12 +278,17 @@ def main(argv=None):
     parser.add_argument('--out', default=None,
                         help='table CSV (default results/costmodel/'
                              'validation_<net>.csv)')
-    args = parser.parse_args(argv)
+    return parser
+
+
+def check_arguments(args):
+    """Checks the network and every path before the first measurement;
+    returns the table's path."""
+    from experiments import weak_scaling
     cli.check_net(args.net, 1000, args.image_size or weak_scaling.defaults_for(
         args.net, 'cpu').image_size)
     out = args.out or os.path.join(OUT_DIR, 'validation_{}.csv'.format(
         args.net))
-    # Every path is checked before the first measurement.
     cli.check_output_file('--out', out)
     cli.check_output_file('the profile', profile_module.default_path(
         args.net, '@numpy', 1, 1))
@@ -291,64 +297,102 @@ def main(argv=None):
     if args.summary is not None and (args.latest or args.measure):
         cli.fail('--summary compares with a given run; it cannot be '
                  'combined with --latest or --measure')
-    start = time.perf_counter()
-    load_start = results.load_average()
-    defaults = weak_scaling.defaults_for(args.net, 'cpu')
-    workers = cgdp_workers()
+    return out
 
-    summary_path = args.summary
-    own_dir = os.path.join(OUT_DIR, 'validation', args.net)
-    if args.latest:
-        summary_path = newest_summary(args.results, args.net)
-        if summary_path is None:
-            cli.fail('--latest: no {}/{}/*/{} (run make experiment NET={} '
-                     'first, or leave --latest out to measure now)'.format(
-                         args.results, args.net, results.SUMMARY_FILE,
-                         args.net))
-    choice = ([], {})  # CGDP at the model's choice: measured only now
-    if summary_path is not None:
-        if not os.path.exists(summary_path):
-            cli.fail('no such summary file: {}'.format(summary_path))
-        summary = [row for row in results.read_csv(summary_path)
-                   if row['mode'] in MODES and row['n_devices'] in
-                   args.devices and (row.get('n_ranks') or 1) == 1]
-        if not summary:
-            cli.fail('{} has no single-process typical or cgdp rows for N '
-                     'in {} (a run under MPI has only multi-rank rows: '
-                     'compare with a plain make experiment NET={}, or '
-                     'measure with --measure)'.format(
-                         summary_path, args.devices, args.net))
-        chunk_sizes = chunk_sizes_of_run(os.path.dirname(summary_path))
-        print('comparing with {}'.format(summary_path))
-    else:
-        batch = args.batch or defaults.batch
-        image_size = args.image_size or defaults.image_size
-        cli.check_image_size(args.net, image_size)
-        out_dir = own_dir
-        cli.check_output_folder('the measurement folder', out_dir)
-        print('measuring {} in this sitting: typical and CGDP ({} workers) '
-              'at N={} (batch {}, {} px, {} iterations after {} warm-up) '
-              'into {}, then profiling'.format(
-                  args.net, workers, ','.join(map(str, args.devices)),
-                  batch, image_size, args.iterations, args.warmup, out_dir),
-              flush=True)
-        summary, chunk_sizes = measure(args.net, args.devices, batch,
-                                       image_size, args.iterations,
-                                       args.warmup, out_dir)
-        print('measuring CGDP at the cost model\'s choice '
-              "(chunk_size='model')", flush=True)
-        choice = measure(args.net, args.devices, batch, image_size,
-                         args.iterations, args.warmup,
-                         os.path.join(out_dir, 'model_choice'),
-                         chunk_size='model', modes=(results.CGDP,))
+
+def summary_to_compare(args):
+    """The summary.csv to compare with (``--summary``, or the newest with
+    ``--latest``), or ``None`` to measure now."""
+    if not args.latest:
+        return args.summary
+    path = newest_summary(args.results, args.net)
+    if path is None:
+        cli.fail('--latest: no {}/{}/*/{} (run make experiment NET={} '
+                 'first, or leave --latest out to measure now)'.format(
+                     args.results, args.net, results.SUMMARY_FILE,
+                     args.net))
+    return path
+
+
+def read_summary(args, summary_path):
+    """The single-process typical and CGDP rows of an earlier run at the
+    device counts asked for, and its CGDP chunk sizes.
+
+    Returns:
+        tuple: ``(summary rows, {N: CGDP chunk size})``.
+    """
+    if not os.path.exists(summary_path):
+        cli.fail('no such summary file: {}'.format(summary_path))
+    summary = [row for row in results.read_csv(summary_path)
+               if row['mode'] in MODES and row['n_devices'] in
+               args.devices and (row.get('n_ranks') or 1) == 1]
+    if not summary:
+        cli.fail('{} has no single-process typical or cgdp rows for N '
+                 'in {} (a run under MPI has only multi-rank rows: '
+                 'compare with a plain make experiment NET={}, or '
+                 'measure with --measure)'.format(
+                     summary_path, args.devices, args.net))
+    chunk_sizes = chunk_sizes_of_run(os.path.dirname(summary_path))
+    print('comparing with {}'.format(summary_path))
+    return summary, chunk_sizes
+
+
+def measure_now(args, workers):
+    """Measures typical and CGDP at the runtime's chunks, then CGDP at the
+    cost model's choice, in this sitting.
+
+    Args:
+        args (argparse.Namespace): The command line.
+        workers (str): CGDP's worker kind (for the message).
+
+    Returns:
+        tuple: ``(summary rows, {N: CGDP chunk size}, (the model's
+        choice's summary rows, {N: its chunk size}))``.
+    """
+    from experiments import weak_scaling
+    defaults = weak_scaling.defaults_for(args.net, 'cpu')
+    batch = args.batch or defaults.batch
+    image_size = args.image_size or defaults.image_size
+    cli.check_image_size(args.net, image_size)
+    out_dir = os.path.join(OUT_DIR, 'validation', args.net)
+    cli.check_output_folder('the measurement folder', out_dir)
+    print('measuring {} in this sitting: typical and CGDP ({} workers) '
+          'at N={} (batch {}, {} px, {} iterations after {} warm-up) '
+          'into {}, then profiling'.format(
+              args.net, workers, ','.join(map(str, args.devices)),
+              batch, image_size, args.iterations, args.warmup, out_dir),
+          flush=True)
+    summary, chunk_sizes = measure(args.net, args.devices, batch,
+                                   image_size, args.iterations,
+                                   args.warmup, out_dir)
+    print('measuring CGDP at the cost model\'s choice '
+          "(chunk_size='model')", flush=True)
+    choice = measure(args.net, args.devices, batch, image_size,
+                     args.iterations, args.warmup,
+                     os.path.join(out_dir, 'model_choice'),
+                     chunk_size='model', modes=(results.CGDP,))
+    return summary, chunk_sizes, choice
+
+
+def one_setting(summary):
+    """The summary's one batch per device and image size; fails if it
+    mixes several."""
     batches = {row['batch_per_device'] for row in summary}
     sizes = {row['image_size'] for row in summary}
     if len(batches) != 1 or len(sizes) != 1:
         cli.fail('the summary mixes batch sizes {} or image sizes {}; '
                  'validate one setting at a time'.format(sorted(batches),
                                                          sorted(sizes)))
-    batch, image_size = batches.pop(), sizes.pop()
+    return batches.pop(), sizes.pop()
 
+
+def profile_now(args, batch, image_size):
+    """Profiles the network on one ``@numpy`` replica and saves the
+    profile under ``results/profiles/``.
+
+    Returns:
+        tuple: ``(profile, its path)``.
+    """
     from experiments import train
     print('profiling {} on one @numpy replica (batch {}, {} px, {} of {} '
           'reps)'.format(args.net, batch, image_size, args.statistic,
@@ -362,16 +406,12 @@ def main(argv=None):
                                                image_size)
     profile_module.save_profile(profile, profile_path)
     del model
+    return profile, profile_path
 
-    rows = predict_points(profile, summary, chunk_sizes, workers) + \
-        predict_points(profile, choice[0], choice[1], workers)
-    for row in rows:
-        row['net'] = args.net
-    errors = [abs(row['error']) for row in rows]
-    median_error = statistics.median(errors)
-    os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
-    results.write_csv(out, COLUMNS, rows)
 
+def print_report(args, profile, rows, median_error, workers, batch):
+    """Prints the table, the median error against the target and the
+    error after one common scale factor."""
     print()
     print('{}: predicted (this-cpu preset, {} cores, CGDP with {} '
           'workers) against measured iteration times'.format(
@@ -385,6 +425,33 @@ def main(argv=None):
     print('after one common scale factor ({:.2f}, e.g. a different load on '
           'the shared cores while profiling than while measuring): median '
           'absolute error {:.1%}'.format(scale, shape_error))
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    out = check_arguments(args)
+    start = time.perf_counter()
+    load_start = results.load_average()
+    workers = cgdp_workers()
+
+    summary_path = summary_to_compare(args)
+    choice = ([], {})  # CGDP at the model's choice: measured only now
+    if summary_path is not None:
+        summary, chunk_sizes = read_summary(args, summary_path)
+    else:
+        summary, chunk_sizes, choice = measure_now(args, workers)
+    batch, image_size = one_setting(summary)
+    profile, profile_path = profile_now(args, batch, image_size)
+
+    rows = predict_points(profile, summary, chunk_sizes, workers) + \
+        predict_points(profile, choice[0], choice[1], workers)
+    for row in rows:
+        row['net'] = args.net
+    median_error = statistics.median(abs(row['error']) for row in rows)
+    os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
+    results.write_csv(out, COLUMNS, rows)
+
+    print_report(args, profile, rows, median_error, workers, batch)
     print('load average at start {} and end {}; profile {}; table {}'
           .format(_load(load_start), _load(results.load_average()),
                   profile_path, out))

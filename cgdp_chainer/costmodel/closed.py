@@ -177,6 +177,38 @@ def cgdp_phases(workload, hardware, n_devices, chunk_size, n_nodes=1,
     inputs.check_workers(workers)
     network = inputs.resolve_network(network, n_nodes)
     chunks = inputs.plan_chunks(workload.param_bytes, chunk_size)
+    forward, backward = _shared_layer_times(workload, hardware, n_devices,
+                                            workers, chunks)
+    rates = _concurrent_copy_rates(hardware, n_devices, workers)
+    chunk_forward, chunk_backward = costs.chunk_compute_times(
+        workload, hardware, forward, backward, chunks)
+    phases = {'forward': sum(chunk_forward), 'backward': [], 'd2h': [],
+              'host': [], 'allreduce': [], 'h2d': [], 'chunks': []}
+    if n_nodes > 1:
+        phases['reduce'] = []
+        phases['update'] = []
+    for index in range(len(chunks) - 1, -1, -1):
+        _add_chunk_phases(phases, workload, hardware, n_devices, n_nodes,
+                          network, chunks[index], chunk_backward[index],
+                          rates)
+    return phases
+
+
+def _shared_layer_times(workload, hardware, n_devices, workers, chunks):
+    """Per-layer forward and backward seconds of one replica while all
+    ``n_devices`` compute at once: CPU replicas share the cores, thread
+    workers the interpreter lock.
+
+    Args:
+        workload (Workload): Per-layer costs.
+        hardware (Hardware): The machine.
+        n_devices (int): Replicas.
+        workers (str): ``'process'`` or ``'thread'``.
+        chunks (list of tuple): The chunks' layer ranges.
+
+    Returns:
+        tuple: ``(forward, backward)`` lists of seconds.
+    """
     slowdown = 1.0
     if hardware.kind == 'cpu':
         threads = costs.cpu_threads_per_replica(hardware, n_devices)
@@ -194,60 +226,78 @@ def cgdp_phases(workload, hardware, n_devices, chunk_size, n_nodes=1,
         gil_share = costs.replica_gil_share(workload, hardware, forward,
                                             backward, chunks)
         slowdown = max(slowdown, n_devices * gil_share)
-    forward = [slowdown * t for t in forward]
-    backward = [slowdown * t for t in backward]
+    return [slowdown * t for t in forward], [slowdown * t for t in backward]
+
+
+def _concurrent_copy_rates(hardware, n_devices, workers):
+    """Rates of the gradients' and the weights' copies when every replica
+    copies at once (the slowest device's), ``inf`` where there is no copy.
+
+    Args:
+        hardware (Hardware): The machine.
+        n_devices (int): Replicas.
+        workers (str): ``'process'`` or ``'thread'``.
+
+    Returns:
+        tuple: ``(d2h bytes/s, h2d bytes/s)``.
+    """
     caps = topology.capacities(hardware, n_devices)
     if hardware.kind == 'cpu' and workers == 'thread':
-        d2h_rate = h2d_rate = math.inf
-    elif hardware.kind == 'cpu':
+        return math.inf, math.inf
+    d2h_rate = min(topology.concurrent_rates(hardware, caps, [
+        topology.host_path(hardware, i, 'd2h') for i in range(n_devices)]))
+    if hardware.kind == 'cpu':
         # Worker processes copy gradients into shared slots and read the
         # weights in place (see simulate.simulate_cgdp).
-        d2h_rate = min(topology.concurrent_rates(hardware, caps, [
-            topology.host_path(hardware, i, 'd2h')
-            for i in range(n_devices)]))
-        h2d_rate = math.inf
-    else:
-        d2h_rate = min(topology.concurrent_rates(hardware, caps, [
-            topology.host_path(hardware, i, 'd2h') for i in range(n_devices)]))
-        h2d_rate = min(topology.concurrent_rates(hardware, caps, [
-            topology.host_path(hardware, i, 'h2d') for i in range(n_devices)]))
-    chunk_forward, chunk_backward = costs.chunk_compute_times(
-        workload, hardware, forward, backward, chunks)
-    phases = {'forward': sum(chunk_forward), 'backward': [], 'd2h': [],
-              'host': [], 'allreduce': [], 'h2d': [], 'chunks': []}
+        return d2h_rate, math.inf
+    h2d_rate = min(topology.concurrent_rates(hardware, caps, [
+        topology.host_path(hardware, i, 'h2d') for i in range(n_devices)]))
+    return d2h_rate, h2d_rate
+
+
+def _add_chunk_phases(phases, workload, hardware, n_devices, n_nodes,
+                      network, chunk, backward_s, rates):
+    """Appends one chunk's phases to ``phases``.
+
+    Args:
+        phases (dict): See :func:`cgdp_phases`.
+        workload (Workload): Per-layer costs.
+        hardware (Hardware): The machine.
+        n_devices (int): Replicas.
+        n_nodes (int): Nodes.
+        network (Network or None): The network between the nodes.
+        chunk (tuple): Its layer range ``(a, b)``.
+        backward_s (float): Its backward's seconds.
+        rates (tuple): See :func:`_concurrent_copy_rates`.
+    """
+    d2h_rate, h2d_rate = rates
+    a, b = chunk
+    n_bytes = sum(workload.param_bytes[a:b])
+    arrays = sum(workload.param_arrays[a:b])
+    latency = arrays * hardware.copy_latency_s if (
+        n_bytes > 0 and math.isfinite(d2h_rate)) else 0.0
+    d2h_s = latency + n_bytes / d2h_rate
+    h2d_s = (latency + n_bytes / h2d_rate) if math.isfinite(
+        h2d_rate) else 0.0
+    if hardware.kind == 'cpu':
+        # The replica copies before its next backward: one sequence.
+        backward_s += d2h_s
+        d2h_s = 0.0
+    phases['chunks'].append((a, b))
+    phases['backward'].append(backward_s)
+    phases['d2h'].append(d2h_s)
     if n_nodes > 1:
-        phases['reduce'] = []
-        phases['update'] = []
-    for index in range(len(chunks) - 1, -1, -1):
-        a, b = chunks[index]
-        n_bytes = sum(workload.param_bytes[a:b])
-        arrays = sum(workload.param_arrays[a:b])
-        latency = arrays * hardware.copy_latency_s if (
-            n_bytes > 0 and math.isfinite(d2h_rate)) else 0.0
-        d2h_s = latency + n_bytes / d2h_rate
-        h2d_s = (latency + n_bytes / h2d_rate) if math.isfinite(
-            h2d_rate) else 0.0
-        backward_s = chunk_backward[index]
-        if hardware.kind == 'cpu':
-            # The replica copies before its next backward: one sequence.
-            backward_s += d2h_s
-            d2h_s = 0.0
-        phases['chunks'].append((a, b))
-        phases['backward'].append(backward_s)
-        phases['d2h'].append(d2h_s)
-        if n_nodes > 1:
-            reduce_s, update_s = costs.host_job_parts(
-                workload, hardware, n_devices, arrays, n_bytes)
-            phases['reduce'].append(reduce_s)
-            phases['update'].append(update_s)
-            phases['host'].append(reduce_s + update_s)
-        else:
-            phases['host'].append(costs.host_job_seconds(
-                workload, hardware, n_devices, arrays, n_bytes))
-        phases['allreduce'].append(costs.ring_allreduce_seconds(
-            n_bytes, n_nodes, network))
-        phases['h2d'].append(h2d_s)
-    return phases
+        reduce_s, update_s = costs.host_job_parts(
+            workload, hardware, n_devices, arrays, n_bytes)
+        phases['reduce'].append(reduce_s)
+        phases['update'].append(update_s)
+        phases['host'].append(reduce_s + update_s)
+    else:
+        phases['host'].append(costs.host_job_seconds(
+            workload, hardware, n_devices, arrays, n_bytes))
+    phases['allreduce'].append(costs.ring_allreduce_seconds(
+        n_bytes, n_nodes, network))
+    phases['h2d'].append(h2d_s)
 
 
 def cgdp_closed_form(workload, hardware, n_devices, chunk_size, n_nodes=1,

@@ -156,87 +156,133 @@ class Simulation(object):
         Raises:
             RuntimeError: Some tasks can never start (a dependency cycle).
         """
-        now = 0.0
-        free = dict(self.servers)
-        queues = {resource: [] for resource in self.servers}
-        in_latency = []
-        working = []
-        newly_ready = [t for t in self.tasks if t.deps_left == 0]
-        finished = 0
-
-        def finish(task):
-            task.end = now
-            if task.exclusive is not None:
-                free[task.exclusive] += 1
-            for dependent in task.dependents:
-                dependent.deps_left -= 1
-                if dependent.deps_left == 0:
-                    newly_ready.append(dependent)
-
+        run = _Run(self.tasks, self.servers, self.caps)
         while True:
-            # Start whatever can start now; zero-time tasks end at once and
-            # may make more tasks ready, hence the loop.
-            while True:
-                progressed = False
-                while newly_ready:
-                    task = newly_ready.pop()
-                    progressed = True
-                    if task.exclusive is None:
-                        self._start(task, now, in_latency, working)
-                    else:
-                        heapq.heappush(queues[task.exclusive],
-                                       (now, task.index, task))
-                for resource, queue in queues.items():
-                    while queue and free[resource] > 0:
-                        _, _, task = heapq.heappop(queue)
-                        free[resource] -= 1
-                        progressed = True
-                        self._start(task, now, in_latency, working)
-                done_now = [t for t in working if t.remaining <= 0.0]
-                if done_now:
-                    working = [t for t in working if t.remaining > 0.0]
-                    for task in done_now:
-                        finish(task)
-                        finished += 1
-                    progressed = True
-                if not progressed:
-                    break
-            if not working and not in_latency:
+            run.start_what_can_start()
+            if not run.working and not run.in_latency:
                 break
-            fair_speeds(working, self.caps)
-            step = math.inf
-            if in_latency:
-                step = in_latency[0][0] - now
-            for task in working:
-                if task.speed > 0:
-                    step = min(step, task.remaining / task.speed)
-            if step == math.inf:
-                raise RuntimeError('simulation stalled: running tasks get no '
-                                   'capacity')
-            step = max(step, 0.0)
-            now += step
-            for task in working:
-                done_in = task.remaining / task.speed if task.speed > 0 \
-                    else math.inf
-                if done_in <= step * (1 + 1e-9) + 1e-15:
-                    task.remaining = 0.0
-                else:
-                    task.remaining -= task.speed * step
-            while in_latency and in_latency[0][0] <= now + 1e-15:
-                _, _, task = heapq.heappop(in_latency)
-                task.remaining = task.duration
-                working.append(task)
-        if finished != len(self.tasks):
+            run.advance_to_next_event()
+        if run.finished != len(self.tasks):
             raise RuntimeError('{} of {} tasks never ran (a dependency '
-                               'cycle)'.format(len(self.tasks) - finished,
+                               'cycle)'.format(len(self.tasks) - run.finished,
                                                len(self.tasks)))
-        return now
+        return run.now
 
-    @staticmethod
-    def _start(task, now, in_latency, working):
-        task.start = now
+
+class _Run(object):
+    """The state of one :meth:`Simulation.run`: the clock, the free servers
+    and queues of the exclusive resources, and the tasks in their latency
+    or working.
+
+    Args:
+        tasks (list of Task): Every task of the simulation.
+        servers (dict): Exclusive resource -> number of servers.
+        caps (dict): Shared resource -> capacity.
+    """
+
+    def __init__(self, tasks, servers, caps):
+        self.caps = caps
+        self.now = 0.0
+        self.free = dict(servers)
+        self.queues = {resource: [] for resource in servers}
+        self.in_latency = []
+        self.working = []
+        self.newly_ready = [t for t in tasks if t.deps_left == 0]
+        self.finished = 0
+
+    def start_what_can_start(self):
+        """Starts whatever can start now; zero-time tasks end at once and
+        may make more tasks ready, hence the loop."""
+        while True:
+            progressed = self._start_ready()
+            progressed = self._start_queued() or progressed
+            progressed = self._finish_done() or progressed
+            if not progressed:
+                break
+
+    def _start_ready(self):
+        """Starts the newly ready tasks, or queues them for their exclusive
+        resource; returns whether there were any."""
+        progressed = False
+        while self.newly_ready:
+            task = self.newly_ready.pop()
+            progressed = True
+            if task.exclusive is None:
+                self._start(task)
+            else:
+                heapq.heappush(self.queues[task.exclusive],
+                               (self.now, task.index, task))
+        return progressed
+
+    def _start_queued(self):
+        """Starts queued tasks on their free exclusive resources; returns
+        whether any started."""
+        progressed = False
+        for resource, queue in self.queues.items():
+            while queue and self.free[resource] > 0:
+                _, _, task = heapq.heappop(queue)
+                self.free[resource] -= 1
+                progressed = True
+                self._start(task)
+        return progressed
+
+    def _finish_done(self):
+        """Ends the working tasks with no work left; returns whether any
+        ended."""
+        done_now = [t for t in self.working if t.remaining <= 0.0]
+        if not done_now:
+            return False
+        self.working = [t for t in self.working if t.remaining > 0.0]
+        for task in done_now:
+            self._finish(task)
+            self.finished += 1
+        return True
+
+    def _start(self, task):
+        task.start = self.now
         if task.latency > 0:
-            heapq.heappush(in_latency, (now + task.latency, task.index, task))
+            heapq.heappush(self.in_latency,
+                           (self.now + task.latency, task.index, task))
         else:
             task.remaining = task.duration
-            working.append(task)
+            self.working.append(task)
+
+    def _finish(self, task):
+        task.end = self.now
+        if task.exclusive is not None:
+            self.free[task.exclusive] += 1
+        for dependent in task.dependents:
+            dependent.deps_left -= 1
+            if dependent.deps_left == 0:
+                self.newly_ready.append(dependent)
+
+    def advance_to_next_event(self):
+        """Moves the clock to the next end of a task's work or latency, at
+        the working tasks' fair speeds.
+
+        Raises:
+            RuntimeError: No running task gets any capacity.
+        """
+        fair_speeds(self.working, self.caps)
+        step = math.inf
+        if self.in_latency:
+            step = self.in_latency[0][0] - self.now
+        for task in self.working:
+            if task.speed > 0:
+                step = min(step, task.remaining / task.speed)
+        if step == math.inf:
+            raise RuntimeError('simulation stalled: running tasks get no '
+                               'capacity')
+        step = max(step, 0.0)
+        self.now += step
+        for task in self.working:
+            done_in = task.remaining / task.speed if task.speed > 0 \
+                else math.inf
+            if done_in <= step * (1 + 1e-9) + 1e-15:
+                task.remaining = 0.0
+            else:
+                task.remaining -= task.speed * step
+        while self.in_latency and self.in_latency[0][0] <= self.now + 1e-15:
+            _, _, task = heapq.heappop(self.in_latency)
+            task.remaining = task.duration
+            self.working.append(task)

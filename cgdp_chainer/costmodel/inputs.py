@@ -573,36 +573,109 @@ def build_workload(profile, hardware, batch_per_device,
                          "forward_s/backward_s (experiments.profile)".format(
                              hardware.name))
     if measured:
-        scale = batch_per_device / float(profile.get('batch') or 1)
-        forward = [scale * s['forward_s'] for s in layers]
-        backward = [scale * s['backward_s'] for s in layers]
-        forward_1t = backward_1t = None
-        if all(s.get('forward_1t_s') is not None for s in layers):
-            forward_1t = [scale * s['forward_1t_s'] for s in layers]
-            backward_1t = [scale * s['backward_1t_s'] for s in layers]
-        forward_gil = backward_gil = None
-        if hardware.kind == 'cpu':
-            forward_gil, backward_gil = _gil_times(profile, layers, scale,
-                                                   batch_per_device)
+        times = _measured_layer_times(profile, hardware, batch_per_device)
     else:
-        if not all(s.get('forward_flops') is not None
-                   and s.get('backward_flops') is not None for s in layers):
-            raise ValueError(
-                'preset {!r} has no measured times in this profile and the '
-                'profile has no forward_flops/backward_flops to compute them '
-                'from (see costmodel.flops_profile)'.format(hardware.name))
-        forward = [gpu_layer_seconds(s, batch_per_device, hardware)
-                   for s in layers]
-        backward = [gpu_layer_seconds(s, batch_per_device, hardware,
-                                      backward=True) for s in layers]
-        forward_1t = backward_1t = None
-        forward_gil = backward_gil = None
+        times = _preset_layer_times(layers, hardware, batch_per_device)
     if hardware.kind == 'gpu':
-        forward_gil, backward_gil = _launch_times(layers, hardware)
-        if forward_gil is not None:
-            # The device cannot run a layer faster than the host issues it.
-            forward = [max(t, h) for t, h in zip(forward, forward_gil)]
-            backward = [max(t, h) for t, h in zip(backward, backward_gil)]
+        _add_launch_times(times, layers, hardware)
+    return Workload(
+        param_bytes=[int(s['param_bytes']) for s in layers],
+        param_arrays=[int(s.get('param_arrays', 1 if s['param_bytes'] else 0))
+                      for s in layers],
+        optimizer=optimizer, measured=measured,
+        **times, **_measured_host_costs(profile, hardware, optimizer,
+                                        measured))
+
+
+def _measured_layer_times(profile, hardware, batch):
+    """Per-layer seconds of a profile measured on ``hardware``, scaled
+    linearly from the profile's batch.
+
+    Args:
+        profile (dict): The profile.
+        hardware (Hardware): The machine it was measured on.
+        batch (int): Images per replica.
+
+    Returns:
+        dict: :class:`Workload`'s ``forward_s``, ``backward_s``,
+        ``forward_1t_s``, ``backward_1t_s`` (``None`` unless every layer
+        has one-thread times), ``forward_gil_s`` and ``backward_gil_s``
+        (CPUs; see :func:`layer_gil_seconds`).
+    """
+    layers = profile['layers']
+    scale = batch / float(profile.get('batch') or 1)
+    times = {'forward_s': [scale * s['forward_s'] for s in layers],
+             'backward_s': [scale * s['backward_s'] for s in layers],
+             'forward_1t_s': None, 'backward_1t_s': None,
+             'forward_gil_s': None, 'backward_gil_s': None}
+    if all(s.get('forward_1t_s') is not None for s in layers):
+        times['forward_1t_s'] = [scale * s['forward_1t_s'] for s in layers]
+        times['backward_1t_s'] = [scale * s['backward_1t_s'] for s in layers]
+    if hardware.kind == 'cpu':
+        times['forward_gil_s'], times['backward_gil_s'] = _gil_times(
+            profile, layers, scale, batch)
+    return times
+
+
+def _preset_layer_times(layers, hardware, batch):
+    """Per-layer seconds on a GPU preset, from the layers' function costs
+    (:func:`gpu_layer_seconds`).
+
+    Args:
+        layers (list of dict): The profile's layers.
+        hardware (Hardware): The preset.
+        batch (int): Images per replica.
+
+    Returns:
+        dict: As :func:`_measured_layer_times` (no one-thread or GIL
+        times).
+
+    Raises:
+        ValueError: The layers have no FLOPs.
+    """
+    if not all(s.get('forward_flops') is not None
+               and s.get('backward_flops') is not None for s in layers):
+        raise ValueError(
+            'preset {!r} has no measured times in this profile and the '
+            'profile has no forward_flops/backward_flops to compute them '
+            'from (see costmodel.flops_profile)'.format(hardware.name))
+    return {'forward_s': [gpu_layer_seconds(s, batch, hardware)
+                          for s in layers],
+            'backward_s': [gpu_layer_seconds(s, batch, hardware,
+                                             backward=True) for s in layers],
+            'forward_1t_s': None, 'backward_1t_s': None,
+            'forward_gil_s': None, 'backward_gil_s': None}
+
+
+def _add_launch_times(times, layers, hardware):
+    """On a GPU: sets the layers' host-side seconds (which hold the
+    replica's interpreter lock) as their GIL times in ``times``, and makes
+    them the least each layer takes (the device cannot run a layer faster
+    than the host issues it)."""
+    forward_gil, backward_gil = _launch_times(layers, hardware)
+    times['forward_gil_s'], times['backward_gil_s'] = forward_gil, \
+        backward_gil
+    if forward_gil is not None:
+        times['forward_s'] = [max(t, h) for t, h in zip(times['forward_s'],
+                                                        forward_gil)]
+        times['backward_s'] = [max(t, h) for t, h in
+                               zip(times['backward_s'], backward_gil)]
+
+
+def _measured_host_costs(profile, hardware, optimizer, measured):
+    """The host's, copies' and chunks' measured costs that
+    :class:`Workload` takes, all ``None`` where the profile was not
+    measured on ``hardware``.
+
+    Args:
+        profile (dict): The profile.
+        hardware (Hardware): The machine.
+        optimizer (str): The optimizer's name.
+        measured (bool): Whether the profile was measured on ``hardware``.
+
+    Returns:
+        dict: Keyword arguments of :class:`Workload`.
+    """
     host_ops = profile.get('host', {}).get('ops') if measured else None
     copy = profile.get('copy') if measured else None
     device_update = profile.get('device_update_s') if measured else None
@@ -611,18 +684,11 @@ def build_workload(profile, hardware, batch_per_device,
     busy_cores = None
     if measured and hardware.kind == 'cpu':
         busy_cores = (profile.get('whole') or {}).get('busy_cores')
-    return Workload(
-        forward_s=forward, backward_s=backward,
-        param_bytes=[int(s['param_bytes']) for s in layers],
-        param_arrays=[int(s.get('param_arrays', 1 if s['param_bytes'] else 0))
-                      for s in layers],
-        forward_1t_s=forward_1t, backward_1t_s=backward_1t,
+    return dict(
         host_ops=host_ops, copy=copy, device_update_s=device_update,
         chunk_forward_overhead_s=overhead.get('forward_s'),
         chunk_backward_overhead_s=overhead.get('backward_s'),
-        forward_gil_s=forward_gil, backward_gil_s=backward_gil,
-        busy_cores=busy_cores, optimizer=optimizer,
+        busy_cores=busy_cores,
         host_update=_host_update(profile, optimizer, measured),
         host_fused=((profile.get('host') or {}).get('fused') or {}).get(
-            optimizer) if measured else None,
-        measured=measured)
+            optimizer) if measured else None)

@@ -111,6 +111,40 @@ def predict(profile, hardware, n_devices, batch_per_device, chunk_size=None,
     else:
         inputs.check_chunk_size(chunk_size, workload.n_layers)
         size, chunk_times = chunk_size, {}
+    result = _scheme_times(workload, hw, n_devices, size, chunk_times,
+                           method, workers)
+    if n_devices == 1:
+        single = result
+    elif single is None:
+        single = predict(profile, hw, 1, batch_per_device,
+                         chunk_size=chunk_size, method=method,
+                         workers=workers, optimizer=optimizer)
+    gpu = hw.kind == 'gpu'
+    result['eff_typical'] = single['t_typical'] / result['t_typical']
+    result['eff_cgdp'] = single['t_cgdp'] / result['t_cgdp']
+    result['eff_nccl'] = single['t_nccl'] / result['t_nccl'] if gpu \
+        else None
+    return result
+
+
+def _scheme_times(workload, hw, n_devices, size, chunk_times, method,
+                  workers):
+    """The three schemes' seconds per iteration at one point, simulated or
+    closed, and CGDP's speedups.
+
+    Args:
+        workload (Workload): Per-layer costs.
+        hw (Hardware): The machine.
+        n_devices (int): Replicas.
+        size (int): CGDP's chunk size.
+        chunk_times (dict): ``{size: seconds}`` of the sizes tried (empty
+            for a given size).
+        method (str): ``'simulate'`` or ``'closed'``.
+        workers (str): CGDP's worker kind.
+
+    Returns:
+        dict: :func:`predict`'s result without the efficiencies.
+    """
     gpu = hw.kind == 'gpu'
     t_typical_closed = closed.typical_closed_form(workload, hw, n_devices)
     t_cgdp_closed = closed.cgdp_closed_form(workload, hw, n_devices, size,
@@ -128,7 +162,7 @@ def predict(profile, hardware, n_devices, batch_per_device, chunk_size=None,
         t_typical = t_typical_closed
         t_cgdp = chunk_times.get(size) or t_cgdp_closed
         t_nccl = t_nccl_closed
-    result = {
+    return {
         't_typical': t_typical, 't_nccl': t_nccl, 't_cgdp': t_cgdp,
         'speedup': t_typical / t_cgdp,
         'speedup_vs_nccl': t_nccl / t_cgdp if gpu else None,
@@ -136,16 +170,6 @@ def predict(profile, hardware, n_devices, batch_per_device, chunk_size=None,
         't_typical_closed': t_typical_closed,
         't_nccl_closed': t_nccl_closed, 't_cgdp_closed': t_cgdp_closed,
     }
-    if n_devices == 1:
-        single = result
-    elif single is None:
-        single = predict(profile, hw, 1, batch_per_device,
-                         chunk_size=chunk_size, method=method,
-                         workers=workers, optimizer=optimizer)
-    result['eff_typical'] = single['t_typical'] / t_typical
-    result['eff_cgdp'] = single['t_cgdp'] / t_cgdp
-    result['eff_nccl'] = single['t_nccl'] / t_nccl if gpu else None
-    return result
 
 
 MODES = (inputs.TYPICAL, inputs.NCCL, inputs.CGDP)

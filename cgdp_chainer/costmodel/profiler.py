@@ -841,18 +841,8 @@ def profile_replica(target, device, in_arrays, loss_func=None,
     optimizers = _check_optimizer_names(optimizers)
     if not isinstance(in_arrays, tuple):
         in_arrays = (in_arrays,)
-    saved_persistents = _save_persistents(target)
-    saved_random = numpy.random.get_state()
-    try:
-        measured = measure_layers(target, device, in_arrays,
-                                  loss_func=loss_func, reps=reps,
-                                  statistic=statistic)
-        layers_module.add_function_costs(measured['layers'], target,
-                                         in_arrays, loss_func)
-    finally:
-        _restore_persistents(target, saved_persistents)
-        numpy.random.set_state(saved_random)
-        target.cleargrads()
+    measured = _measure_layers_leaving_no_trace(
+        target, device, in_arrays, loss_func, reps, statistic)
     if host_threads is None:
         host_threads = max(1, min(4, os.cpu_count() or 1))
     spec = '@numpy' if not devices_module.is_gpu(device) else \
@@ -885,14 +875,52 @@ def profile_replica(target, device, in_arrays, loss_func=None,
     if devices_module.is_gpu(device):
         profile['device_update_s'] = measure_device_update(target, device,
                                                            reps=reps)
+    _add_achieved_flops(profile)
+    return profile
+
+
+def _measure_layers_leaving_no_trace(target, device, in_arrays, loss_func,
+                                     reps, statistic):
+    """:func:`measure_layers` with each layer's function costs, restoring
+    the target's persistent values and NumPy's global random state and
+    clearing its gradients afterwards, even if measuring fails.
+
+    Args:
+        target (chainer.Link): The model on ``device``.
+        device (chainer.backend.Device): Its device.
+        in_arrays (tuple): ``(x, labels...)`` on ``device``.
+        loss_func (callable or None): As the updater's; default the target.
+        reps (int): Timed repetitions.
+        statistic (str): ``'median'`` or ``'min'``.
+
+    Returns:
+        dict: What :func:`measure_layers` returns.
+    """
+    saved_persistents = _save_persistents(target)
+    saved_random = numpy.random.get_state()
+    try:
+        measured = measure_layers(target, device, in_arrays,
+                                  loss_func=loss_func, reps=reps,
+                                  statistic=statistic)
+        layers_module.add_function_costs(measured['layers'], target,
+                                         in_arrays, loss_func)
+    finally:
+        _restore_persistents(target, saved_persistents)
+        numpy.random.set_state(saved_random)
+        target.cleargrads()
+    return measured
+
+
+def _add_achieved_flops(profile):
+    """Adds the FLOP/s achieved on the counted layers to the profile's
+    machine, as a comparison with the presets (none if no time was
+    measured)."""
     seconds = sum(s['forward_s'] + s['backward_s']
                   for s in profile['layers'])
     work = profile['batch'] * sum(s['forward_flops'] + s['backward_flops']
                                   for s in profile['layers'])
     if seconds > 0:
-        # FLOP/s on the counted layers, as a comparison with the presets.
         profile['machine']['achieved_flops'] = work / seconds
-    return profile
 
 
 def _save_persistents(target):

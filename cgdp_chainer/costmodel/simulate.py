@@ -166,17 +166,68 @@ def simulate_typical(workload, hardware, n_devices, iterations=2,
     network = inputs.resolve_network(network, n_nodes)
     caps = topology.capacities(hardware, n_devices)
     sim = engine.Simulation(caps)
-    n_bytes, arrays = workload.total_bytes, workload.total_arrays
-    net_s = costs.ring_allreduce_seconds(n_bytes, n_nodes, network)
+    net_s = costs.ring_allreduce_seconds(workload.total_bytes, n_nodes,
+                                         network)
+    graph = _TypicalGraph(sim, workload, hardware, caps, n_devices, n_nodes,
+                          net_s)
     if hardware.kind == 'cpu':
-        # One Python thread drives every replica: forwards, then backwards,
-        # then addgrads, update and copyparams, one after another; BLAS has
-        # every core (ParallelUpdater sets no limit).
+        compute_s = graph.add_cpu_iterations(iterations)
+    else:
+        compute_s = graph.add_gpu_iterations(iterations)
+    sim.run()
+    return iteration_result(sim.tasks, iterations, compute_s)
+
+
+class _TypicalGraph(object):
+    """Builds ``ParallelUpdater``'s task graph, iteration by iteration.
+
+    Args:
+        sim (Simulation): Where the tasks go.
+        workload (Workload): Per-layer costs.
+        hardware (Hardware): The machine.
+        caps (dict): The machine's shared resources (for the copies' rates).
+        n_devices (int): Replicas (per node).
+        n_nodes (int): Nodes (an all-reduce before the update above 1).
+        net_s (float): Seconds of the whole model's all-reduce across the
+            nodes.
+    """
+
+    def __init__(self, sim, workload, hardware, caps, n_devices, n_nodes,
+                 net_s):
+        self.sim = sim
+        self.workload = workload
+        self.hardware = hardware
+        self.caps = caps
+        self.n_devices = n_devices
+        self.n_nodes = n_nodes
+        self.net_s = net_s
+        self.n_bytes = workload.total_bytes
+        self.arrays = workload.total_arrays
+
+    def add_cpu_iterations(self, iterations):
+        """CPU replicas: one Python thread drives every replica, forwards,
+        then backwards, then addgrads, update and copyparams, one after
+        another; BLAS has every core (ParallelUpdater sets no limit).
+
+        Args:
+            iterations (int): Iterations to add.
+
+        Returns:
+            float: One replica's forward + backward seconds.
+        """
+        workload, hardware, sim = self.workload, self.hardware, self.sim
+        n_devices, arrays, n_bytes = self.n_devices, self.arrays, self.n_bytes
         forward, backward, demands = costs.cpu_compute(
             workload, hardware, hardware.cores, sim.caps)
         f_s, b_s = costs.whole_model_times(workload, hardware, forward,
                                            backward)
         ops = workload.host_ops
+        addgrads_s = costs.op_cost(ops, 'addgrads', arrays, n_bytes) \
+            if n_devices > 1 else None
+        update_s = costs.host_update_seconds(workload, hardware, arrays,
+                                             n_bytes)
+        copyparams_s = costs.op_cost(ops, 'copyparams', arrays, n_bytes) \
+            if n_devices > 1 else None
         last = None
         for it in range(iterations):
             for i in range(n_devices):
@@ -186,70 +237,94 @@ def simulate_typical(workload, hardware, n_devices, iterations=2,
                 last = sim.add('backward', i, None, it, b_s, [last],
                                demands=demands)
             for i in range(1, n_devices):
-                last = sim.add('addgrads', i, None, it, costs.op_cost(
-                    ops, 'addgrads', arrays, n_bytes), [last],
+                last = sim.add('addgrads', i, None, it, addgrads_s, [last],
                                demands={'cores': 1.0})
-            if n_nodes > 1:
-                last = sim.add('allreduce', 'network', None, it, net_s,
+            if self.n_nodes > 1:
+                last = sim.add('allreduce', 'network', None, it, self.net_s,
                                [last], exclusive='network')
-            last = sim.add('update', 0, None, it, costs.host_update_seconds(
-                workload, hardware, arrays, n_bytes), [last],
+            last = sim.add('update', 0, None, it, update_s, [last],
                            demands={'cores': 1.0})
             for i in range(1, n_devices):
-                last = sim.add('copyparams', i, None, it, costs.op_cost(
-                    ops, 'copyparams', arrays, n_bytes), [last],
-                               demands={'cores': 1.0})
-        sim.run()
-        return iteration_result(sim.tasks, iterations, f_s + b_s)
+                last = sim.add('copyparams', i, None, it, copyparams_s,
+                               [last], demands={'cores': 1.0})
+        return f_s + b_s
 
-    f_s, b_s = costs.whole_model_times(workload, hardware,
-                                       workload.forward_s,
-                                       workload.backward_s)
-    # One Python thread issues every replica's kernels: their host-side
-    # time shares one interpreter.
-    f_demands, b_demands = whole_model_gil_demands(workload, hardware, f_s,
-                                                   b_s)
-    add_s = costs.device_op_seconds(workload, hardware, 'add', arrays,
-                                    n_bytes)
-    update_s = costs.device_op_seconds(workload, hardware, 'update', arrays,
-                                       n_bytes)
-    ready = [None] * n_devices  # what each replica's next forward waits for
-    for it in range(iterations):
+    def add_gpu_iterations(self, iterations):
+        """GPUs: one Python thread issues every replica's kernels (their
+        host-side time shares one interpreter); device 0 gathers and adds
+        the gradients, updates and broadcasts the weights.
+
+        Args:
+            iterations (int): Iterations to add.
+
+        Returns:
+            float: One replica's forward + backward seconds.
+        """
+        workload, hardware = self.workload, self.hardware
+        f_s, b_s = costs.whole_model_times(workload, hardware,
+                                           workload.forward_s,
+                                           workload.backward_s)
+        demands = whole_model_gil_demands(workload, hardware, f_s, b_s)
+        add_s = costs.device_op_seconds(workload, hardware, 'add',
+                                        self.arrays, self.n_bytes)
+        update_s = costs.device_op_seconds(workload, hardware, 'update',
+                                           self.arrays, self.n_bytes)
+        # What each replica's next forward waits for.
+        ready = [None] * self.n_devices
+        for it in range(iterations):
+            backward = self._add_gpu_compute(it, ready, f_s, b_s, demands)
+            summed = self._add_gather_and_add(it, backward, add_s)
+            self._add_update_and_broadcast(it, summed, update_s, ready)
+        return f_s + b_s
+
+    def _add_gpu_compute(self, it, ready, f_s, b_s, demands):
+        """Each replica's forward and backward; returns the backwards."""
         backward = []
-        for i in range(n_devices):
-            fwd = sim.add('forward', i, None, it, f_s, [ready[i]],
-                          demands=f_demands)
-            backward.append(sim.add('backward', i, None, it, b_s, [fwd],
-                                    demands=b_demands))
+        for i in range(self.n_devices):
+            fwd = self.sim.add('forward', i, None, it, f_s, [ready[i]],
+                               demands=demands[0])
+            backward.append(self.sim.add('backward', i, None, it, b_s,
+                                         [fwd], demands=demands[1]))
+        return backward
+
+    def _add_gather_and_add(self, it, backward, add_s):
+        """Each other replica's gradients copied to device 0 and added
+        there, one after another; across nodes, then all-reduced. Returns
+        the task after which device 0 holds the sum."""
         previous_add = backward[0]
         previous_copy = None
-        for j in range(1, n_devices):
-            copy = add_transfer(sim, hardware, caps, 'gather', j, None, it,
-                                topology.peer_path(hardware, j, 0), n_bytes,
-                                arrays,
-                                [backward[j], previous_add, previous_copy],
-                                None)
+        for j in range(1, self.n_devices):
+            copy = add_transfer(
+                self.sim, self.hardware, self.caps, 'gather', j, None, it,
+                topology.peer_path(self.hardware, j, 0), self.n_bytes,
+                self.arrays, [backward[j], previous_add, previous_copy],
+                None)
             previous_copy = copy
-            previous_add = sim.add('add', 0, None, it, add_s,
-                                   [copy, previous_add])
-        if n_nodes > 1:
+            previous_add = self.sim.add('add', 0, None, it, add_s,
+                                        [copy, previous_add])
+        if self.n_nodes > 1:
             # The node's sum, all-reduced across the nodes; then every
             # device of every node holds the global sum (the update on
             # device 0 and the broadcast of the weights take as long as a
             # broadcast of the sum and an update on every device).
-            previous_add = sim.add('allreduce', 'network', None, it, net_s,
-                                   [previous_add], exclusive='network')
-        update = sim.add('update', 0, None, it, update_s, [previous_add])
+            previous_add = self.sim.add('allreduce', 'network', None, it,
+                                        self.net_s, [previous_add],
+                                        exclusive='network')
+        return previous_add
+
+    def _add_update_and_broadcast(self, it, summed, update_s, ready):
+        """Device 0's update and the weights' copies to each other replica,
+        one after another; sets what each replica's next forward waits
+        for in ``ready``."""
+        update = self.sim.add('update', 0, None, it, update_s, [summed])
         ready[0] = update
         previous = update
-        for j in range(1, n_devices):
-            previous = add_transfer(sim, hardware, caps, 'broadcast', j,
-                                    None, it,
-                                    topology.peer_path(hardware, 0, j),
-                                    n_bytes, arrays, [previous], None)
+        for j in range(1, self.n_devices):
+            previous = add_transfer(
+                self.sim, self.hardware, self.caps, 'broadcast', j, None, it,
+                topology.peer_path(self.hardware, 0, j), self.n_bytes,
+                self.arrays, [previous], None)
             ready[j] = previous
-    sim.run()
-    return iteration_result(sim.tasks, iterations, f_s + b_s)
 
 
 def simulate_cgdp(workload, hardware, n_devices, chunk_size, iterations=2,
@@ -288,163 +363,291 @@ def simulate_cgdp(workload, hardware, n_devices, chunk_size, iterations=2,
     inputs.check_chunk_size(chunk_size, workload.n_layers)
     inputs.check_workers(workers)
     network = inputs.resolve_network(network, n_nodes)
-    multinode = n_nodes > 1
-    chunks = inputs.plan_chunks(workload.param_bytes, chunk_size)
-    n_chunks = len(chunks)
     caps = topology.capacities(hardware, n_devices)
-    servers = {'host': hardware.host_servers}
-    cpu = hardware.kind == 'cpu'
-    zero_copy = cpu and workers == 'thread'
-    if cpu:
-        threads = costs.cpu_threads_per_replica(hardware, n_devices)
-        forward, backward, compute_demands = costs.cpu_compute(
-            workload, hardware, threads, caps)
-        host_demands = {'cores': float(costs.threads_per_server(hardware))}
-    else:
-        forward, backward = workload.forward_s, workload.backward_s
-        compute_demands = None
-        host_demands = {'host_mem[0]': costs.host_rate(hardware)}
-    chunk_forward, chunk_backward = costs.chunk_compute_times(
-        workload, hardware, forward, backward, chunks)
-    chunk_bytes = [sum(workload.param_bytes[a:b]) for a, b in chunks]
-    chunk_arrays = [sum(workload.param_arrays[a:b]) for a, b in chunks]
-    host_s = [costs.host_job_seconds(workload, hardware, n_devices,
-                                     chunk_arrays[c], chunk_bytes[c])
-              for c in range(n_chunks)]
-    if multinode:
-        parts = [costs.host_job_parts(workload, hardware, n_devices,
-                                      chunk_arrays[c], chunk_bytes[c])
-                 for c in range(n_chunks)]
-        reduce_s = [p[0] for p in parts]
-        update_s = [p[1] for p in parts]
-        net_s = [costs.ring_allreduce_seconds(chunk_bytes[c], n_nodes, network)
-                 for c in range(n_chunks)]
-    forward_demands = [compute_demands] * n_chunks
-    backward_demands = [compute_demands] * n_chunks
-    host_job_demands = [host_demands] * n_chunks
-    reduce_demands = update_demands = host_job_demands
-    if cpu:
-        # CPU replicas, their gradients and the host threads all stream
-        # through the same memory: each task uses the bandwidth its own
-        # traffic needs at full speed (see costs.cpu_memory_demand).
-        forward_demands = [costs.cpu_memory_demand(
-            hardware, compute_demands, costs.FORWARD_TRAFFIC * chunk_bytes[c],
-            chunk_forward[c]) for c in range(n_chunks)]
-        backward_demands = [costs.cpu_memory_demand(
-            hardware, compute_demands, costs.BACKWARD_TRAFFIC * chunk_bytes[c],
-            chunk_backward[c]) for c in range(n_chunks)]
-        host_job_demands = [costs.cpu_memory_demand(
-            hardware, host_demands,
-            costs.host_traffic_bytes(n_devices, chunk_bytes[c],
-                                     workload.optimizer), host_s[c])
-                            for c in range(n_chunks)]
-        if multinode:
-            traffic = [costs.host_traffic_parts(n_devices, chunk_bytes[c],
-                                                workload.optimizer)
-                       for c in range(n_chunks)]
-            reduce_demands = [costs.cpu_memory_demand(
-                hardware, host_demands, traffic[c][0], reduce_s[c])
-                              for c in range(n_chunks)]
-            update_demands = [costs.cpu_memory_demand(
-                hardware, host_demands, traffic[c][1], update_s[c])
-                              for c in range(n_chunks)]
-    # Python holds an interpreter lock: thread workers share the user's
-    # process's with each other and with the host threads; process workers
-    # have one each, and the host threads share the user's process's (see
-    # inputs.layer_gil_seconds, inputs.launch_seconds).
-    gil = costs.chunk_gil_times(workload, hardware, chunks)
-    if gil is not None and workers == 'thread':
-        forward_demands = [costs.gil_demand(forward_demands[c], gil[0][c],
-                                            chunk_forward[c])
-                           for c in range(n_chunks)]
-        backward_demands = [costs.gil_demand(backward_demands[c],
-                                             gil[1][c], chunk_backward[c])
-                            for c in range(n_chunks)]
-    host_job_demands = [costs.gil_demand(host_job_demands[c],
-                                         costs.host_job_gil_seconds(
-                                             workload, hardware, n_devices,
-                                             chunk_arrays[c]), host_s[c])
-                        for c in range(n_chunks)]
-    if multinode:
-        reduce_demands = [costs.gil_demand(reduce_demands[c],
-                                           costs.host_job_gil_seconds(
-                                               workload, hardware, n_devices,
-                                               chunk_arrays[c], 'reduce'),
-                                           reduce_s[c])
-                          for c in range(n_chunks)]
-        update_demands = [costs.gil_demand(update_demands[c],
-                                           costs.host_job_gil_seconds(
-                                               workload, hardware, n_devices,
-                                               chunk_arrays[c], 'update'),
-                                           update_s[c])
-                          for c in range(n_chunks)]
-    sim = engine.Simulation(caps, servers)
-    params_ready = [[None] * n_chunks for _ in range(n_devices)]
-    last_backward = [None] * n_devices
+    # Before the simulation copies caps: a CPU replica's compute may raise
+    # the cores' capacity (see costs.cpu_compute).
+    chunk_costs = _CgdpCosts(workload, hardware, n_devices, chunk_size,
+                             n_nodes, network, workers, caps)
+    sim = engine.Simulation(caps, {'host': hardware.host_servers})
+    graph = _CgdpGraph(sim, hardware, caps, n_devices, chunk_costs,
+                       zero_copy=chunk_costs.cpu and workers == 'thread')
     for it in range(iterations):
-        delivered = [[] for _ in range(n_chunks)]
-        for i in range(n_devices):
-            previous = last_backward[i]
-            for c in range(n_chunks):
-                previous = sim.add('forward', i, c, it, chunk_forward[c],
-                                   [previous, params_ready[i][c]],
-                                   demands=forward_demands[c])
-            for c in range(n_chunks - 1, -1, -1):
-                previous = sim.add('backward', i, c, it, chunk_backward[c],
-                                   [previous], demands=backward_demands[c])
-                if zero_copy:
-                    # Zero-copy hand-over: the host reads the replica's
-                    # gradient arrays where they are.
-                    delivered[c].append(previous)
-                elif cpu:
-                    # A worker process copies the chunk's gradients into
-                    # its shared slots itself, on its core, before its next
-                    # backward.
-                    previous = add_transfer(
-                        sim, hardware, caps, 'd2h', i, c, it,
-                        topology.host_path(hardware, i, 'd2h'),
-                        chunk_bytes[c], chunk_arrays[c], [previous],
-                        'copy_out[{}]'.format(i), {'cores': 1.0})
-                    delivered[c].append(previous)
-                else:
-                    delivered[c].append(add_transfer(
-                        sim, hardware, caps, 'd2h', i, c, it,
-                        topology.host_path(hardware, i, 'd2h'), chunk_bytes[c],
-                        chunk_arrays[c], [previous],
-                        'copy_out[{}]'.format(i)))
-            last_backward[i] = previous
+        graph.add_iteration(it)
+    sim.run()
+    return iteration_result(sim.tasks, iterations,
+                            sum(chunk_costs.forward_s)
+                            + sum(chunk_costs.backward_s))
+
+
+class _CgdpCosts(object):
+    """Per-chunk seconds and shared-resource demands of CGDP's tasks.
+
+    Args:
+        workload (Workload): Per-layer costs.
+        hardware (Hardware): The machine (one node).
+        n_devices (int): Replicas (per node).
+        chunk_size (int): Stages per chunk.
+        n_nodes (int): Nodes (the host job is a reduce and an update
+            around the all-reduce above 1).
+        network (Network or None): The network between the nodes.
+        workers (str): ``'process'`` or ``'thread'``.
+        caps (dict): The node's shared resources; a CPU replica's compute
+            may raise the cores' capacity (see :func:`costs.cpu_compute`).
+
+    Attributes:
+        chunks (list of tuple): Layer ranges, input side first.
+        n_chunks (int): Their number.
+        cpu (bool): CPU replicas.
+        multinode (bool): More than one node.
+        forward_s, backward_s, host_s (list of float): Per chunk.
+        reduce_s, update_s, net_s (list of float or None): Multi-node:
+            the host job's two parts and the chunk's all-reduce.
+        chunk_bytes, chunk_arrays (list of int): Per chunk.
+        forward_demands, backward_demands, host_demands, reduce_demands,
+            update_demands (list of dict or None): Per chunk.
+    """
+
+    def __init__(self, workload, hardware, n_devices, chunk_size, n_nodes,
+                 network, workers, caps):
+        self.workload = workload
+        self.hardware = hardware
+        self.n_devices = n_devices
+        self.cpu = hardware.kind == 'cpu'
+        self.multinode = n_nodes > 1
+        self.chunks = inputs.plan_chunks(workload.param_bytes, chunk_size)
+        self.n_chunks = len(self.chunks)
+        compute_demands, host_demands = self._compute_times(caps)
+        self._host_times(n_nodes, network)
+        self.forward_demands = [compute_demands] * self.n_chunks
+        self.backward_demands = [compute_demands] * self.n_chunks
+        self.host_demands = [host_demands] * self.n_chunks
+        self.reduce_demands = self.update_demands = self.host_demands
+        if self.cpu:
+            self._add_memory_demands(compute_demands, host_demands)
+        self._add_gil_demands(workers)
+
+    def _compute_times(self, caps):
+        """Sets each chunk's forward and backward seconds, bytes and
+        arrays; returns the compute's and the host jobs' demands."""
+        workload, hardware = self.workload, self.hardware
+        if self.cpu:
+            threads = costs.cpu_threads_per_replica(hardware, self.n_devices)
+            forward, backward, compute_demands = costs.cpu_compute(
+                workload, hardware, threads, caps)
+            host_demands = {
+                'cores': float(costs.threads_per_server(hardware))}
+        else:
+            forward, backward = workload.forward_s, workload.backward_s
+            compute_demands = None
+            host_demands = {'host_mem[0]': costs.host_rate(hardware)}
+        self.forward_s, self.backward_s = costs.chunk_compute_times(
+            workload, hardware, forward, backward, self.chunks)
+        self.chunk_bytes = [sum(workload.param_bytes[a:b])
+                            for a, b in self.chunks]
+        self.chunk_arrays = [sum(workload.param_arrays[a:b])
+                             for a, b in self.chunks]
+        return compute_demands, host_demands
+
+    def _host_times(self, n_nodes, network):
+        """Sets the host job's seconds per chunk, and across nodes its two
+        parts and the chunk's all-reduce."""
+        workload, hardware, n = self.workload, self.hardware, self.n_devices
+        chunks = range(self.n_chunks)
+        self.host_s = [costs.host_job_seconds(workload, hardware, n,
+                                              self.chunk_arrays[c],
+                                              self.chunk_bytes[c])
+                       for c in chunks]
+        self.reduce_s = self.update_s = self.net_s = None
+        if self.multinode:
+            parts = [costs.host_job_parts(workload, hardware, n,
+                                          self.chunk_arrays[c],
+                                          self.chunk_bytes[c])
+                     for c in chunks]
+            self.reduce_s = [p[0] for p in parts]
+            self.update_s = [p[1] for p in parts]
+            self.net_s = [costs.ring_allreduce_seconds(self.chunk_bytes[c],
+                                                       n_nodes, network)
+                          for c in chunks]
+
+    def _add_memory_demands(self, compute_demands, host_demands):
+        """CPU replicas, their gradients and the host threads all stream
+        through the same memory: each task uses the bandwidth its own
+        traffic needs at full speed (see costs.cpu_memory_demand)."""
+        hardware, chunk_bytes = self.hardware, self.chunk_bytes
+        chunks = range(self.n_chunks)
+        self.forward_demands = [costs.cpu_memory_demand(
+            hardware, compute_demands, costs.FORWARD_TRAFFIC * chunk_bytes[c],
+            self.forward_s[c]) for c in chunks]
+        self.backward_demands = [costs.cpu_memory_demand(
+            hardware, compute_demands, costs.BACKWARD_TRAFFIC * chunk_bytes[c],
+            self.backward_s[c]) for c in chunks]
+        self.host_demands = [costs.cpu_memory_demand(
+            hardware, host_demands,
+            costs.host_traffic_bytes(self.n_devices, chunk_bytes[c],
+                                     self.workload.optimizer), self.host_s[c])
+                             for c in chunks]
+        if self.multinode:
+            traffic = [costs.host_traffic_parts(self.n_devices,
+                                                chunk_bytes[c],
+                                                self.workload.optimizer)
+                       for c in chunks]
+            self.reduce_demands = [costs.cpu_memory_demand(
+                hardware, host_demands, traffic[c][0], self.reduce_s[c])
+                                   for c in chunks]
+            self.update_demands = [costs.cpu_memory_demand(
+                hardware, host_demands, traffic[c][1], self.update_s[c])
+                                   for c in chunks]
+
+    def _add_gil_demands(self, workers):
+        """Python holds an interpreter lock: thread workers share the
+        user's process's with each other and with the host threads; process
+        workers have one each, and the host threads share the user's
+        process's (see inputs.layer_gil_seconds, inputs.launch_seconds)."""
+        workload, hardware, n = self.workload, self.hardware, self.n_devices
+        chunks = range(self.n_chunks)
+        gil = costs.chunk_gil_times(workload, hardware, self.chunks)
+        if gil is not None and workers == 'thread':
+            self.forward_demands = [costs.gil_demand(
+                self.forward_demands[c], gil[0][c], self.forward_s[c])
+                                    for c in chunks]
+            self.backward_demands = [costs.gil_demand(
+                self.backward_demands[c], gil[1][c], self.backward_s[c])
+                                     for c in chunks]
+        self.host_demands = [costs.gil_demand(
+            self.host_demands[c], costs.host_job_gil_seconds(
+                workload, hardware, n, self.chunk_arrays[c]), self.host_s[c])
+                             for c in chunks]
+        if self.multinode:
+            self.reduce_demands = [costs.gil_demand(
+                self.reduce_demands[c], costs.host_job_gil_seconds(
+                    workload, hardware, n, self.chunk_arrays[c], 'reduce'),
+                self.reduce_s[c]) for c in chunks]
+            self.update_demands = [costs.gil_demand(
+                self.update_demands[c], costs.host_job_gil_seconds(
+                    workload, hardware, n, self.chunk_arrays[c], 'update'),
+                self.update_s[c]) for c in chunks]
+
+
+class _CgdpGraph(object):
+    """Builds CGDP's task graph, iteration by iteration: each replica's
+    chunked forward and backward with its gradients' hand-over, then each
+    chunk's host job(s) and the weights' way back.
+
+    Args:
+        sim (Simulation): Where the tasks go.
+        hardware (Hardware): The machine (one node).
+        caps (dict): The node's shared resources (for the copies' rates).
+        n_devices (int): Replicas (per node).
+        chunk_costs (_CgdpCosts): The tasks' seconds and demands.
+        zero_copy (bool): CPU thread workers: the host reads the gradients
+            where they are.
+    """
+
+    def __init__(self, sim, hardware, caps, n_devices, chunk_costs,
+                 zero_copy):
+        self.sim = sim
+        self.hardware = hardware
+        self.caps = caps
+        self.n_devices = n_devices
+        self.costs = chunk_costs
+        self.zero_copy = zero_copy
+        n_chunks = chunk_costs.n_chunks
+        # What each replica's forward of each chunk waits for.
+        self.params_ready = [[None] * n_chunks for _ in range(n_devices)]
+        # Each replica's last backward task (or its copy after it).
+        self.last_backward = [None] * n_devices
+
+    def add_iteration(self, it):
+        """Adds iteration ``it``'s tasks."""
+        delivered = [[] for _ in range(self.costs.n_chunks)]
+        for i in range(self.n_devices):
+            self._add_replica(it, i, delivered)
+        self._add_host_jobs(it, delivered)
+
+    def _add_replica(self, it, i, delivered):
+        """Replica ``i``'s forward and backward, chunk by chunk, each
+        chunk's gradients handed to the host (appended to
+        ``delivered[chunk]``)."""
+        sim, chunk_costs = self.sim, self.costs
+        previous = self.last_backward[i]
+        for c in range(chunk_costs.n_chunks):
+            previous = sim.add('forward', i, c, it, chunk_costs.forward_s[c],
+                               [previous, self.params_ready[i][c]],
+                               demands=chunk_costs.forward_demands[c])
+        for c in range(chunk_costs.n_chunks - 1, -1, -1):
+            previous = sim.add('backward', i, c, it,
+                               chunk_costs.backward_s[c], [previous],
+                               demands=chunk_costs.backward_demands[c])
+            previous = self._hand_over(it, i, c, previous, delivered[c])
+        self.last_backward[i] = previous
+
+    def _hand_over(self, it, i, c, backward, delivered):
+        """Hands chunk ``c``'s gradients of replica ``i`` to the host;
+        returns what the replica's next backward waits for."""
+        if self.zero_copy:
+            # Zero-copy hand-over: the host reads the replica's gradient
+            # arrays where they are.
+            delivered.append(backward)
+            return backward
+        path = topology.host_path(self.hardware, i, 'd2h')
+        n_bytes = self.costs.chunk_bytes[c]
+        arrays = self.costs.chunk_arrays[c]
+        if self.costs.cpu:
+            # A worker process copies the chunk's gradients into its shared
+            # slots itself, on its core, before its next backward.
+            copy = add_transfer(self.sim, self.hardware, self.caps, 'd2h', i,
+                                c, it, path, n_bytes, arrays, [backward],
+                                'copy_out[{}]'.format(i), {'cores': 1.0})
+            delivered.append(copy)
+            return copy
+        delivered.append(add_transfer(
+            self.sim, self.hardware, self.caps, 'd2h', i, c, it, path,
+            n_bytes, arrays, [backward], 'copy_out[{}]'.format(i)))
+        return backward
+
+    def _add_host_jobs(self, it, delivered):
+        """Each chunk's host job(s), output end first, and the weights'
+        way back to each replica."""
+        sim, chunk_costs = self.sim, self.costs
         previous_net = None
-        for c in range(n_chunks - 1, -1, -1):
-            if multinode:
+        for c in range(chunk_costs.n_chunks - 1, -1, -1):
+            if chunk_costs.multinode:
                 # Created in this order (reduce, all-reduce, update per
                 # chunk) so that an update ready at the same moment as a
                 # later chunk's reduce goes first, as cgdp_closed_form has it.
-                reduced = sim.add('reduce', 'host', c, it, reduce_s[c],
-                                  delivered[c], exclusive='host',
-                                  demands=reduce_demands[c])
+                reduced = sim.add('reduce', 'host', c, it,
+                                  chunk_costs.reduce_s[c], delivered[c],
+                                  exclusive='host',
+                                  demands=chunk_costs.reduce_demands[c])
                 previous_net = sim.add('allreduce', 'network', c, it,
-                                       net_s[c], [reduced, previous_net],
+                                       chunk_costs.net_s[c],
+                                       [reduced, previous_net],
                                        exclusive='network')
-                host = sim.add('update', 'host', c, it, update_s[c],
-                               [previous_net], exclusive='host',
-                               demands=update_demands[c])
+                host = sim.add('update', 'host', c, it,
+                               chunk_costs.update_s[c], [previous_net],
+                               exclusive='host',
+                               demands=chunk_costs.update_demands[c])
             else:
-                host = sim.add('reduce_update', 'host', c, it, host_s[c],
-                               delivered[c], exclusive='host',
-                               demands=host_job_demands[c])
-            for i in range(n_devices):
-                if cpu:
-                    # Threads read the master's arrays; worker processes
-                    # read them in shared memory: no copy back.
-                    params_ready[i][c] = host
-                else:
-                    params_ready[i][c] = add_transfer(
-                        sim, hardware, caps, 'h2d', i, c, it,
-                        topology.host_path(hardware, i, 'h2d'), chunk_bytes[c],
-                        chunk_arrays[c], [host], 'copy_in[{}]'.format(i))
-    sim.run()
-    return iteration_result(sim.tasks, iterations,
-                            sum(chunk_forward) + sum(chunk_backward))
+                host = sim.add('reduce_update', 'host', c, it,
+                               chunk_costs.host_s[c], delivered[c],
+                               exclusive='host',
+                               demands=chunk_costs.host_demands[c])
+            self._add_weights_back(it, c, host)
+
+    def _add_weights_back(self, it, c, host):
+        """What each replica's next forward of chunk ``c`` waits for: the
+        host job itself on CPUs (threads read the master's arrays; worker
+        processes read them in shared memory: no copy back), else the
+        copy of the chunk's weights to the device."""
+        for i in range(self.n_devices):
+            if self.costs.cpu:
+                self.params_ready[i][c] = host
+            else:
+                self.params_ready[i][c] = add_transfer(
+                    self.sim, self.hardware, self.caps, 'h2d', i, c, it,
+                    topology.host_path(self.hardware, i, 'h2d'),
+                    self.costs.chunk_bytes[c], self.costs.chunk_arrays[c],
+                    [host], 'copy_in[{}]'.format(i))
 
 
 def simulate_chainermn(workload, hardware, n_devices, n_nodes, network=None,
