@@ -67,7 +67,8 @@ plot: $(STAMP)
 # default of the other targets would otherwise narrow `make model` to it.
 model: $(STAMP)
 	$(PY) -m experiments.costmodel_predict \
-		$(if $(filter-out undefined default file,$(origin NET)),--net $(NET))
+		$(if $(filter-out undefined default file,$(origin NET)),--net $(NET)) \
+		$(if $(OUT),--out $(OUT))
 
 validate-model: $(STAMP)
 	$(PY) -m experiments.validate_model --net $(NET)
