@@ -316,7 +316,7 @@ def test_failure_in_a_replica_surfaces_with_traceback(workers):
                                        chunk_size=2, workers=workers)
     error = _run_until_error(updater)
     assert isinstance(error, RuntimeError)
-    assert 'injected stage failure' in str(error)
+    assert 'injected step failure' in str(error)
     if workers == 'thread':
         frames = [frame.name for frame in
                   __import__('traceback').extract_tb(error.__traceback__)]
