@@ -53,6 +53,7 @@ import chainer
 import chainer.links  # NOQA: profile_model checks for a Classifier
 import numpy
 
+from cgdp_chainer import blas
 from cgdp_chainer import devices as devices_module
 from cgdp_chainer.costmodel import hardware as hardware_module
 from cgdp_chainer.costmodel import layers as layers_module
@@ -97,23 +98,6 @@ def _process_cpu_seconds():
     return usage.ru_utime + usage.ru_stime
 
 
-def _blas_limit(threads):
-    """A context that limits BLAS threads (a no-op without threadpoolctl)."""
-    try:
-        import threadpoolctl
-    except ImportError:  # pragma: no cover - installed by the set-up
-        return _NullContext()
-    return threadpoolctl.threadpool_limits(limits=threads, user_api='blas')
-
-
-class _NullContext(object):
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
 def measure_layers(target, device, in_arrays, loss_func=None,
                    reps=DEFAULT_REPS, one_thread=None, statistic='median'):
     """Per-layer forward and backward seconds of any model.
@@ -151,103 +135,7 @@ def measure_layers(target, device, in_arrays, loss_func=None,
     busy = []
     for rep in range(reps + 1):
         for threads in configs:
-            limit = _blas_limit(threads) if threads else _NullContext()
-            with limit:
-                cpu_start = _process_cpu_seconds()
-                start = time.perf_counter()
-                result = layers_module.run_pass(target, in_arrays, loss_func,
-                                                sync, links)
-                wall = time.perf_counter() - start
-                cpu = _process_cpu_seconds() - cpu_start
-            if rep > 0:  # the first repetition warms up
-                samples[threads].append(result)
-                if threads is None and wall > 0:
-                    busy.append(cpu / wall)
-    target.cleargrads()
-    summary = STATISTICS[statistic]
-    passes = samples[None]
-    order = list(reversed(passes[0]['order']))
-
-    def per_layer(runs, key, path):
-        return summary([run[key].get(path, 0.0) for run in runs])
-    records = []
-    for index, path in enumerate(order):
-        record = {'index': index, 'name': path,
-                  'forward_s': per_layer(passes, 'forward_s', path),
-                  'backward_s': per_layer(passes, 'backward_s', path),
-                  'forward_calls': passes[0]['forward_calls'].get(path, 0),
-                  'backward_calls': passes[0]['backward_calls'].get(path, 0)}
-        if one_thread:
-            record['forward_1t_s'] = per_layer(samples[1], 'forward_s', path)
-            record['backward_1t_s'] = per_layer(samples[1], 'backward_s',
-                                                path)
-        records.append(record)
-    whole = {'forward_s': summary([sum(p['forward_s'].values())
-                                   for p in passes]),
-             'backward_s': summary([sum(p['backward_s'].values())
-                                    for p in passes])}
-    if not devices_module.is_gpu(device) and busy:
-        # Cores the replica keeps busy with all its BLAS threads: more than
-        # its BLAS share, since OpenBLAS's idle threads spin between calls.
-        whole['busy_cores'] = statistics.median(busy)
-    return {'layers': records, 'whole': whole}
-
-
-def _blas_limit(threads):
-    """A context that limits BLAS threads (a no-op without threadpoolctl)."""
-    try:
-        import threadpoolctl
-    except ImportError:  # pragma: no cover - installed by the set-up
-        return _NullContext()
-    return threadpoolctl.threadpool_limits(limits=threads, user_api='blas')
-
-
-class _NullContext(object):
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-def measure_layers(target, device, in_arrays, loss_func=None,
-                   reps=DEFAULT_REPS, one_thread=None, statistic='median'):
-    """Per-layer forward and backward seconds of any model.
-
-    Each pass is one ordinary forward and one readiness backward
-    (:func:`cgdp_chainer.costmodel.layers.run_pass`); repetitions with all
-    BLAS threads and, on CPUs, with one thread are interleaved, so a change
-    of the machine's load touches both alike.
-
-    Args:
-        target (chainer.Link): The model on ``device``, its parameters
-            initialised.
-        device (chainer.backend.Device): Its device.
-        in_arrays (tuple): ``(x, labels...)`` on ``device``.
-        loss_func (callable or None): ``loss_func(*in_arrays)``; default
-            the target.
-        reps (int): Timed repetitions after one warm-up pass.
-        one_thread (bool or None): Also time with one BLAS thread; default:
-            on CPU devices.
-        statistic (str): ``'median'`` of the repetitions, or ``'min'``.
-
-    Returns:
-        dict: ``layers`` (records input side first: ``index``, ``name``
-        (the layer's path), ``forward_s``, ``backward_s``,
-        ``forward_calls``, ``backward_calls`` and on CPUs
-        ``forward_1t_s``, ``backward_1t_s``) and ``whole`` (the pass's
-        total seconds, and on CPUs ``busy_cores``).
-    """
-    sync = _synchronizer(device)
-    links = layers_module.own_layers(target)
-    if one_thread is None:
-        one_thread = not devices_module.is_gpu(device)
-    configs = [None, 1] if one_thread else [None]
-    samples = {threads: [] for threads in configs}
-    busy = []
-    for rep in range(reps + 1):
-        for threads in configs:
-            limit = _blas_limit(threads) if threads else _NullContext()
+            limit = blas.BlasLimit(threads or None)
             with limit:
                 cpu_start = _process_cpu_seconds()
                 start = time.perf_counter()
@@ -745,7 +633,7 @@ def _effective_cores_once(seconds):
     import threading
     cores = hardware_module.available_cores()
     a = numpy.random.RandomState(0).rand(192, 192).astype(numpy.float32)
-    with _blas_limit(1):
+    with blas.BlasLimit(1):
         start = time.perf_counter()
         numpy.dot(a, a)
         once = max(1e-6, time.perf_counter() - start)
@@ -787,7 +675,7 @@ def measure_blas_1t_flops(sizes=BLAS_SIZES, reps=DEFAULT_REPS):
     """
     rng = numpy.random.RandomState(0)
     best = 0.0
-    with _blas_limit(1):
+    with blas.BlasLimit(1):
         for n in sizes:
             a = rng.rand(n, n).astype(numpy.float32)
             b = rng.rand(n, n).astype(numpy.float32)
