@@ -177,39 +177,6 @@ def measure_layers(target, device, in_arrays, loss_func=None,
     return {'layers': records, 'whole': whole}
 
 
-def add_function_costs(records, target, in_arrays, loss_func=None):
-    """Adds each layer's function costs to its record (in place).
-
-    Each record gets ``functions`` (see
-    :func:`cgdp_chainer.costmodel.layers.function_records`),
-    ``forward_flops`` and ``backward_flops`` (per image, every function),
-    ``counted_layers`` (its matrix products), ``param_bytes`` and
-    ``param_arrays``.
-
-    Args:
-        records (list of dict): Layer records with ``name`` (the path).
-        target (chainer.Link): The model.
-        in_arrays (tuple): ``(x, labels...)``.
-        loss_func (callable or None): ``loss_func(*in_arrays)``.
-    """
-    batch = int(in_arrays[0].shape[0])
-    costs = layers_module.function_costs_by_layer(target, in_arrays,
-                                                  loss_func)
-    params = layers_module.parameter_stats(target)
-    for record in records:
-        functions = layers_module.function_records(
-            costs.get(record['name'], []), batch)
-        record['functions'] = functions
-        record['forward_flops'] = sum(f['flops'] for f in functions)
-        record['backward_flops'] = sum(f['backward_flops']
-                                       for f in functions)
-        record['counted_layers'] = sum(1 for f in functions
-                                       if f['kind'] == 'matmul')
-        record.update(params.get(record['name'],
-                                 {'param_bytes': 0, 'param_arrays': 0}))
-    return records
-
-
 def measure_copies(device, n_bytes=COPY_BYTES, reps=DEFAULT_REPS):
     """Copy bandwidth between ``device`` and the host, and copy latency.
 
