@@ -321,9 +321,7 @@ class ChunkAllreducer(object):
         Returns:
             float: The reduced value, the same on every rank.
         """
-        buffer = numpy.array([value], dtype=numpy.float64)
-        self.allreduce([buffer], op, timeout)
-        return float(buffer[0])
+        return float(self._allreduce_one(value, numpy.float64, op, timeout))
 
     def allreduce_int(self, value, op='sum', timeout=None):
         """Reduces one integer across ranks (through the same thread).
@@ -336,9 +334,12 @@ class ChunkAllreducer(object):
         Returns:
             int: The reduced value, the same on every rank.
         """
-        buffer = numpy.array([value], dtype=numpy.int64)
+        return int(self._allreduce_one(value, numpy.int64, op, timeout))
+
+    def _allreduce_one(self, value, dtype, op, timeout):
+        buffer = numpy.array([value], dtype=dtype)
         self.allreduce([buffer], op, timeout)
-        return int(buffer[0])
+        return buffer[0]
 
     def close(self, timeout=10.0):
         """Finishes started requests, then stops the thread.
