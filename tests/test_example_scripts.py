@@ -69,12 +69,7 @@ def test_parallel_updater_example_switched(tmp_path, dataset_root):
     _run(script, tmp_path / 'cgdp', dataset_root, '--updater', 'cgdp',
          *devices)
     # 48 examples, 12 a batch, 2 epochs.
-    log = _log(tmp_path / 'cgdp')
-    assert [entry['iteration'] for entry in log] == [4, 8]
-    assert all('validation/main/loss' in entry for entry in log)
-    assert (tmp_path / 'cgdp' / 'snapshot_iter_8').exists()
-    _assert_same_npz(str(tmp_path / 'parallel' / 'model.npz'),
-                     str(tmp_path / 'cgdp' / 'model.npz'))
+    _assert_trained_alike(tmp_path, 'parallel')
 
 
 @pytest.mark.slow
@@ -86,11 +81,17 @@ def test_multiprocess_parallel_updater_mnist_example_switched(
          'standard', *args)
     _run(script, tmp_path / 'cgdp', dataset_root, '--updater', 'cgdp', *args)
     # Two iterators of 24 examples, 6 a batch, 2 epochs of the first.
+    _assert_trained_alike(tmp_path, 'standard')
+
+
+def _assert_trained_alike(tmp_path, reference):
+    """The switched MNIST run logged and evaluated at iterations 4 and 8,
+    took its last snapshot, and ended with the reference run's model."""
     log = _log(tmp_path / 'cgdp')
     assert [entry['iteration'] for entry in log] == [4, 8]
     assert all('validation/main/loss' in entry for entry in log)
     assert (tmp_path / 'cgdp' / 'snapshot_iter_8').exists()
-    _assert_same_npz(str(tmp_path / 'standard' / 'model.npz'),
+    _assert_same_npz(str(tmp_path / reference / 'model.npz'),
                      str(tmp_path / 'cgdp' / 'model.npz'))
 
 
