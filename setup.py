@@ -14,6 +14,7 @@ setup(
         'chainer==7.8.1',
         'numpy',
         'threadpoolctl',
+        'cloudpickle',
         'matplotlib',
         'Pillow',
     ],

@@ -22,7 +22,7 @@ if [ ! -f $venv/.installed ]; then
   $venv/bin/python -m pip install --quiet --upgrade pip
   $venv/bin/python -m pip install --quiet 'setuptools<81' wheel
   $venv/bin/python -m pip wheel --quiet --no-build-isolation --no-deps -w $venv/wheels chainer==7.8.1
-  $venv/bin/python -m pip install --quiet --upgrade 'setuptools>=81' 'numpy>=2' pytest threadpoolctl matplotlib Pillow
+  $venv/bin/python -m pip install --quiet --upgrade 'setuptools>=81' 'numpy>=2' pytest threadpoolctl cloudpickle matplotlib Pillow
   # numba for the fused host update rules, where a release supports this
   # NumPy; pinning NumPy keeps pip from downgrading it for numba.
   numpy_now=$($venv/bin/python -c 'import numpy; print(numpy.__version__)')

@@ -8,6 +8,7 @@ import sys
 import textwrap
 import threading
 import time
+import weakref
 
 import numpy
 import pytest
@@ -112,22 +113,44 @@ def test_blas_threads_are_set_in_each_worker():
     assert observed[1] == 1
 
 
+class _HoldsAWeakReference(staged_models.StagedMLP):
+    """A weak reference to something outside the model: no pickle can
+    carry it, a deep copy (thread workers) keeps it as it is."""
+
+    def __init__(self):
+        super(_HoldsAWeakReference, self).__init__()
+        self.note = weakref.ref(staged_models)
+
+
 def test_a_model_that_cannot_be_pickled_is_refused_at_construction():
-    class Local(staged_models.StagedMLP):
-        pass
     with pytest.raises(ValueError, match="cannot be pickled for "
                                          "workers='process'.*workers='thread'"):
-        _updater(L.Classifier(Local()))
+        _updater(L.Classifier(_HoldsAWeakReference()))
     # The same model trains with thread workers.
-    updater = _updater(L.Classifier(Local()), workers='thread')
+    updater = _updater(L.Classifier(_HoldsAWeakReference()), workers='thread')
     updater.update()
     updater.finalize()
 
 
+def test_a_locally_defined_model_and_a_lambda_loss_func_travel_by_value():
+    class Local(staged_models.StagedMLP):
+        pass
+    model = L.Classifier(Local())
+    updater = _updater(model, loss_func=lambda x, t: model(x, t))
+    updater.update()
+    updater.finalize()
+    assert all(numpy.isfinite(p.array).all() for p in model.params())
+
+
 def test_a_loss_func_that_cannot_be_pickled_is_refused():
+    lock = threading.Lock()
+
+    def locked_loss(x, t):
+        with lock:
+            return chainer.functions.sum(x)
     with pytest.raises(ValueError, match='loss_func cannot be pickled'):
         _updater(L.Classifier(staged_models.StagedMLP()),
-                 loss_func=lambda y, t: chainer.functions.sum(y))
+                 loss_func=locked_loss)
 
 
 def _run_script(tmp_path, body, timeout=120):

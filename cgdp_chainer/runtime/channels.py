@@ -13,18 +13,17 @@ iteration's jobs and hand back each replica's
   "chunk delivered", "chunk published", the result).
 - :class:`ThreadReplicas` (``workers='thread'``): one thread per replica in
   the user's process; replicas then share the interpreter lock. Kept for
-  debugging and for models that cannot be pickled.
+  debugging.
 
-Either way the code that runs a replica is
-:class:`~cgdp_chainer.runtime.worker.ReplicaWorker`.
+Both make each replica the same way, the master pickled by value with
+cloudpickle (:mod:`~cgdp_chainer.runtime.replica_copy`), so that a function
+that captures the model captures its replica. Either way the code that runs
+a replica is :class:`~cgdp_chainer.runtime.worker.ReplicaWorker`.
 """
 import atexit
-import copy
-import io
 import multiprocessing
 import multiprocessing.connection
 import os
-import pickle
 import queue
 import signal
 import sys
@@ -33,16 +32,19 @@ import time
 import traceback
 import warnings
 
-import chainer
 import numpy
 
 from cgdp_chainer import blas
 from cgdp_chainer import devices as devices_module
+from cgdp_chainer.runtime import replica_copy
 from cgdp_chainer.runtime import shared
 from cgdp_chainer.runtime import transfer as transfer_module
 from cgdp_chainer.runtime import worker as worker_module
 
 WORKER_KINDS = ('process', 'thread')
+
+# The updater's check at construction (the static_graph refusal, the copy).
+check_replicable = replica_copy.check_replicable
 START_METHODS = ('spawn', 'forkserver')
 
 # How often waits wake up to look for failures, dead workers and a dead
@@ -94,9 +96,10 @@ class ThreadReplicas(object):
         self.replicas = []
         self.loss_funcs = []
         self.ports = []
-        for device in devices:
-            # Moved to its device in its own thread (see _serve).
-            replica, replica_loss = copy.deepcopy((master, loss_func))
+        # Each moves to its device in its own thread (see _serve).
+        for device, (replica, replica_loss) in zip(
+                devices, replica_copy.thread_replicas(
+                    master, loss_func, len(devices))):
             self.replicas.append(replica)
             self.loss_funcs.append(replica_loss)
             self.ports.append(transfer_module.make_transfer(
@@ -243,15 +246,17 @@ class ProcessReplicas(object):
         master (chainer.Link): The master model, on the host.
         devices (list of chainer.backend.Device): One per replica.
         loss_func (callable or None): As for ``CGDPUpdater``; must be
-            picklable. It travels in one pickle with the replica, so that
-            one that refers to the model refers to the worker's replica.
+            picklable by cloudpickle. It travels in one pickle with the
+            replica, so that one that refers to the model refers to the
+            worker's replica.
         failures (FailureBox): Shared with the host accumulator.
         blas_threads (int or None): BLAS threads of each CPU worker.
         start_method (str): ``'spawn'`` or ``'forkserver'`` (CUDA forbids
             ``fork`` once it is initialized).
 
     Raises:
-        ValueError: The model or ``loss_func`` cannot be pickled.
+        ValueError: The model or ``loss_func`` cannot be pickled, or its
+            copy would still refer to the master.
     """
 
     kind = 'process'
@@ -267,9 +272,14 @@ class ProcessReplicas(object):
         self.blas_limit = blas.threads_per_replica(
             cpu_replica_count(devices), blas_threads)
         master_params = dict(master.namedparams())
-        _pickle_or_explain(loss_func, 'loss_func')
-        self._replica_bytes = _pickle_replica((master, loss_func),
-                                              master_params)
+        self._replica_bytes = replica_copy.pickle_replica(
+            master, loss_func, master_params)
+        # The copy in the parent shares the master's arrays: cheap, and
+        # functions copied by reference resolve their globals as here.
+        replica_copy.check_no_master_references(
+            master, *replica_copy.load_replica(
+                self._replica_bytes,
+                {name: p.array for name, p in master_params.items()}))
         specs = [(name, p.array.shape, p.array.dtype)
                  for name, p in master_params.items()]
         self._master_arena = shared.SharedArena.create(specs)
@@ -583,73 +593,6 @@ def describe_exit(exitcode):
     return 'exited with status {}'.format(exitcode)
 
 
-class _ReplicaPickler(pickle.Pickler):
-    """Pickles the master as a replica, leaving out what the worker gets
-    from shared memory (parameter arrays) or must not have (gradients, the
-    optimizer's update rules and their state)."""
-
-    def __init__(self, file, master_params):
-        super(_ReplicaPickler, self).__init__(file, pickle.HIGHEST_PROTOCOL)
-        self._arrays = {id(p.array): name for name, p in master_params.items()}
-        # A lazy parameter (array None) has no gradient to leave out yet.
-        self._grads = {id(p.grad) for p in master_params.values()
-                       if p.array is not None and p.grad is not None}
-
-    def persistent_id(self, obj):
-        if isinstance(obj, numpy.ndarray):
-            name = self._arrays.get(id(obj))
-            if name is not None:
-                return ('param', name)
-            if id(obj) in self._grads:
-                return ('none',)
-        elif isinstance(obj, chainer.UpdateRule):
-            return ('none',)
-        return None
-
-
-class _ReplicaUnpickler(pickle.Unpickler):
-
-    def __init__(self, file, master_arrays):
-        super(_ReplicaUnpickler, self).__init__(file)
-        self._master_arrays = master_arrays
-
-    def persistent_load(self, pid):
-        if pid[0] == 'param':
-            return self._master_arrays[pid[1]]
-        return None
-
-
-def check_picklable(master, loss_func):
-    """Raises ValueError, naming the fix, unless the model and ``loss_func``
-    can travel to worker processes (cheap: parameters are left out)."""
-    _pickle_or_explain(loss_func, 'loss_func')
-    _pickle_replica((master, loss_func), dict(master.namedparams()))
-
-
-def _pickle_replica(master, master_params):
-    buffer = io.BytesIO()
-    try:
-        _ReplicaPickler(buffer, master_params).dump(master)
-    except Exception as error:
-        raise ValueError(
-            "the model cannot be pickled for workers='process' ({}: {}). "
-            'Define its classes at module level of an importable module and '
-            'keep no lambdas, open files or locks in it; or pass '
-            "workers='thread'".format(type(error).__name__, error)) from error
-    return buffer.getvalue()
-
-
-def _pickle_or_explain(obj, what):
-    try:
-        return pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
-    except Exception as error:
-        raise ValueError(
-            "{} cannot be pickled for workers='process' ({}: {}); use a "
-            'function or callable object defined at module level, or pass '
-            "workers='thread'".format(what, type(error).__name__,
-                                      error)) from error
-
-
 class _WorkerInit(object):
     """What a worker process gets when it starts (picklable)."""
 
@@ -725,9 +668,8 @@ class _WorkerServer(object):
         self._blas.__enter__()  # for the life of the process
         self.master_arena = shared.SharedArena.attach(init.master_layout)
         self.slot_arena = shared.SharedArena.attach(init.slot_layout)
-        replica, loss_func = _ReplicaUnpickler(
-            io.BytesIO(init.replica_bytes),
-            self.master_arena.arrays).load()
+        replica, loss_func = replica_copy.load_replica(
+            init.replica_bytes, self.master_arena.arrays)
         self.scope = worker_module.device_scope(self.device)
         self.scope.__enter__()
         replica_params = dict(replica.namedparams())

@@ -268,8 +268,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             optimizer, mpi_comm)
         self._optimizers['main'] = optimizer
         self._allreducer = None
-        if workers == 'process':
-            channels.check_picklable(master, loss_func)
+        channels.check_replicable(master, loss_func, workers)
         self._failures = accumulator_module.FailureBox()
         self._replicas = None
         self._accumulator = None

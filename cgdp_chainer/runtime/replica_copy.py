@@ -1,0 +1,407 @@
+"""How a replica is made from the master model, for both worker kinds.
+
+A replica is the master pickled by value with cloudpickle, the tool that
+Ray, Dask and loky use to ship Python objects between processes: lambdas,
+closures, locally defined classes and functions of ``__main__`` travel by
+value, and since the model and ``loss_func`` travel in one pickle, a
+function that captures the model or one of its links (Chainer's memnn
+example: ``self.W = lambda u: F.linear(u, self.embeds[-1].W)``) captures
+the replica's in the copy. Worker processes unpickle the bytes; thread
+workers unpickle the same bytes in memory. Either way the master's
+parameter arrays are left out of the pickle (``persistent_id``): a worker
+process maps them from shared memory, a thread replica shares the master's
+arrays, as its host-resident transfer does anyway; gradients and update
+rules are left out too.
+
+What a copy by value cannot fix, a function copied by reference (one
+defined at module level of an importable module) whose globals name the
+master, is found by :func:`check_no_master_references` and refused before
+any work, naming the attribute.
+"""
+import copy
+import io
+import pickle
+import sys
+import types
+import weakref
+
+import chainer
+import cloudpickle
+import numpy
+
+
+class _ReplicaPickler(cloudpickle.Pickler):
+    """Pickles the master as a replica, leaving out what the worker gets
+    from shared memory or the master (parameter arrays) or must not have
+    (gradients, the optimizer's update rules and their state)."""
+
+    def __init__(self, file, master_params):
+        super(_ReplicaPickler, self).__init__(file, pickle.HIGHEST_PROTOCOL)
+        self._arrays = {id(p.array): name for name, p in master_params.items()
+                        if p.array is not None}
+        # A lazy parameter (array None) has no gradient to leave out yet.
+        self._grads = {id(p.grad) for p in master_params.values()
+                       if p.array is not None and p.grad is not None}
+
+        # Metaclass -> an importable class made with it (see reducer_override).
+        self._made_with = {}
+
+    def reducer_override(self, obj):
+        # cloudpickle rebuilds a class defined in __main__ or in a function
+        # with its metaclass, which it pickles by value if that cannot be
+        # imported by name: Chainer's (chainer.utils.meta's base_metaclass,
+        # made by a function) would come back as a second metaclass that
+        # conflicts with the one of chainer.Link. Such a metaclass is
+        # pickled as type(C) of an importable class C made with it.
+        if isinstance(obj, type):
+            if issubclass(obj, type):
+                made_with = self._made_with.get(id(obj))
+                if made_with is not None and not _importable(obj):
+                    return type, (made_with,)
+            else:
+                for base in obj.__mro__:
+                    meta = type(base)
+                    if meta is not type and id(meta) not in self._made_with \
+                            and _importable(base):
+                        self._made_with[id(meta)] = base
+        return super(_ReplicaPickler, self).reducer_override(obj)
+
+    def persistent_id(self, obj):
+        if isinstance(obj, numpy.ndarray):
+            name = self._arrays.get(id(obj))
+            if name is not None:
+                return ('param', name)
+            if id(obj) in self._grads:
+                return ('none',)
+        elif isinstance(obj, chainer.UpdateRule):
+            return ('none',)
+        return None
+
+
+def _importable(cls):
+    """Whether pickle can refer to ``cls`` by name in a worker process
+    (cloudpickle pickles what ``__main__`` defines by value)."""
+    module = sys.modules.get(getattr(cls, '__module__', None) or '')
+    if module is None or module.__name__ == '__main__':
+        return False
+    found = module
+    for part in cls.__qualname__.split('.'):
+        found = getattr(found, part, None)
+    return found is cls
+
+
+class _ReplicaUnpickler(pickle.Unpickler):
+
+    def __init__(self, file, master_arrays):
+        super(_ReplicaUnpickler, self).__init__(file)
+        self._master_arrays = master_arrays
+
+    def persistent_load(self, pid):
+        if pid[0] == 'param':
+            return self._master_arrays[pid[1]]
+        return None
+
+
+def pickle_replica(master, loss_func, master_params):
+    """The bytes of a replica and its ``loss_func``, parameters left out.
+
+    Args:
+        master (chainer.Link): The master model.
+        loss_func (callable or None): As for ``CGDPUpdater``.
+        master_params (dict): Parameter path -> the master's parameter.
+
+    Raises:
+        ValueError: Something in the model or ``loss_func`` cannot be
+            pickled even by value (a lock, an open file, a weak reference);
+            the message names it and the fix.
+    """
+    _pickle_or_explain(loss_func, 'loss_func')
+    buffer = io.BytesIO()
+    try:
+        _ReplicaPickler(buffer, master_params).dump((master, loss_func))
+    except Exception as error:
+        raise ValueError(
+            "the model cannot be pickled for workers='process' ({}: {}). "
+            'Lambdas, closures and local classes are fine; keep no open '
+            'files, locks, weak references or other live resources in it; '
+            "or pass workers='thread'".format(type(error).__name__,
+                                              error)) from error
+    return buffer.getvalue()
+
+
+def load_replica(replica_bytes, master_arrays):
+    """Unpickles :func:`pickle_replica`'s bytes.
+
+    Args:
+        replica_bytes (bytes): From :func:`pickle_replica`.
+        master_arrays (dict): Parameter path -> the array the replica's
+            parameter starts with (the master's own, or its shared copy).
+
+    Returns:
+        tuple: ``(replica, loss_func)``.
+    """
+    return _ReplicaUnpickler(io.BytesIO(replica_bytes), master_arrays).load()
+
+
+def _pickle_or_explain(obj, what):
+    try:
+        return cloudpickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
+    except Exception as error:
+        raise ValueError(
+            "{} cannot be pickled for workers='process' ({}: {}); keep no "
+            'open files, locks or other live resources in it, or pass '
+            "workers='thread'".format(what, type(error).__name__,
+                                      error)) from error
+
+
+def thread_replicas(master, loss_func, count):
+    """``count`` copies of ``(master, loss_func)`` for thread workers, each
+    checked by :func:`check_no_master_references`.
+
+    The same by-value copy as for worker processes; where something cannot
+    be pickled, a deep copy instead (which shares functions with the
+    master: the check then refuses one that refers to the master).
+
+    Returns:
+        list of tuple: ``(replica, loss_func)`` each; the replicas'
+        parameters hold the master's arrays.
+    """
+    master_params = dict(master.namedparams())
+    master_arrays = {name: p.array for name, p in master_params.items()}
+    try:
+        replica_bytes = pickle_replica(master, loss_func, master_params)
+    except ValueError:
+        replica_bytes = None
+    copies = []
+    for _ in range(count):
+        if replica_bytes is not None:
+            pair = load_replica(replica_bytes, master_arrays)
+        else:
+            pair = _deep_copy(master, loss_func, master_params)
+        check_no_master_references(master, *pair)
+        copies.append(pair)
+    return copies
+
+
+def _deep_copy(master, loss_func, master_params):
+    """``copy.deepcopy`` with the master's arrays shared and its gradients
+    and update rules left out, as in the pickled copy."""
+    memo = {}
+    for param in master_params.values():
+        if param.array is not None:
+            memo[id(param.array)] = param.array
+            if param.grad is not None:
+                memo[id(param.grad)] = None
+        if param.update_rule is not None:
+            memo[id(param.update_rule)] = None
+    try:
+        return copy.deepcopy((master, loss_func), memo)
+    except Exception as error:
+        raise ValueError(
+            'CGDP cannot copy the model for its replicas ({}: {}): keep no '
+            'open files, locks or other live resources in the model or '
+            'loss_func'.format(type(error).__name__, error)) from error
+
+
+def check_replicable(master, loss_func, workers):
+    """Refuses, before any work, a model that replicas cannot train: one
+    decorated with ``@static_graph``, one that cannot be copied for
+    ``workers``, one whose copy would still compute with the master.
+
+    Cheap: the parameter arrays are not copied.
+
+    Args:
+        master (chainer.Link): The master model.
+        loss_func (callable or None): As for ``CGDPUpdater``.
+        workers (str): ``'process'`` or ``'thread'``.
+
+    Raises:
+        ValueError: The message names the problem and the fix.
+    """
+    refuse_static_graph(master, loss_func)
+    master_params = dict(master.namedparams())
+    master_arrays = {name: p.array for name, p in master_params.items()}
+    if workers == 'process':
+        replica_bytes = pickle_replica(master, loss_func, master_params)
+        check_no_master_references(
+            master, *load_replica(replica_bytes, master_arrays))
+    else:
+        thread_replicas(master, loss_func, 1)
+
+
+# ------------------------------------------------------------ @static_graph
+
+def _static_graph_code():
+    """The code object that every ``@static_graph`` wrapper shares (the
+    decorator wraps without ``functools.wraps``: there is no attribute to
+    look for, but every wrapper is a closure over this one code)."""
+    from chainer.graph_optimizations import static_graph as module
+    return module.static_graph(lambda chain: None).__code__
+
+
+def _is_static_graph_wrapper(value, wrapper_code):
+    value = getattr(value, '__func__', value)  # a bound method
+    return isinstance(value, types.FunctionType) and (
+        value.__code__ is wrapper_code or (
+            value.__module__ == 'chainer.graph_optimizations.static_graph'
+            and value.__qualname__.endswith('wrap.<locals>.wrapped_func')))
+
+
+def refuse_static_graph(master, loss_func=None):
+    """Raises ValueError if a link of ``master`` (or ``loss_func``) is
+    decorated with ``chainer.static_graph``.
+
+    Its first call records the whole forward and backward as one static
+    schedule and later calls replay it as one function node: CGDP's
+    hand-over of gradient chunks during the backward, and its replicas'
+    copies, cannot follow it.
+    """
+    wrapper_code = _static_graph_code()
+    for path, link in master.namedlinks():
+        for cls in type(link).__mro__:
+            for name, value in vars(cls).items():
+                if _is_static_graph_wrapper(value, wrapper_code):
+                    _raise_static_graph('{}.{} (the model{})'.format(
+                        cls.__name__, name,
+                        "'s link {!r}".format(path) if path != '/' else ''))
+        for name, value in vars(link).items():
+            if _is_static_graph_wrapper(value, wrapper_code):
+                _raise_static_graph('the attribute {!r} of the model{}'.format(
+                    name, "'s link {!r}".format(path) if path != '/' else ''))
+    if loss_func is not None and _is_static_graph_wrapper(loss_func,
+                                                          wrapper_code):
+        _raise_static_graph('loss_func')
+
+
+def _raise_static_graph(what):
+    raise ValueError(
+        '{} is decorated with @static_graph (chainer.static_graph), which '
+        'replays the whole forward and backward as one static schedule; '
+        "CGDP's hand-over of gradient chunks during the backward cannot "
+        'follow it. Remove the decorator to train with CGDPUpdater (the '
+        'model computes the same without it)'.format(what))
+
+
+# ------------------------------------------------------------ the safety net
+
+# Objects the search does not look into: values, arrays, classes, modules,
+# code; none of them can hide a reference to a link of the master.
+_LEAVES = (str, bytes, bytearray, int, float, complex, bool, type(None),
+           numpy.ndarray, numpy.generic, numpy.dtype, type, types.ModuleType,
+           types.BuiltinFunctionType, types.CodeType, range, slice)
+
+
+def check_no_master_references(master, replica, loss_func):
+    """Raises ValueError if anything reachable from a replica or its
+    ``loss_func`` (attributes, containers, functions' closures, defaults
+    and the globals they use, bound methods, weak references) is a link or
+    parameter of the master: the replica would compute with the master's
+    weights, and its gradients would not be its own.
+
+    Args:
+        master (chainer.Link): The master model.
+        replica (chainer.Link): A copy of it.
+        loss_func (callable or None): The replica's ``loss_func``.
+    """
+    masters = {id(link): ('link', path) for path, link in master.namedlinks()}
+    masters.update((id(param), ('parameter', path))
+                   for path, param in master.namedparams())
+    found = _find_reference((('the model', replica), ('loss_func', loss_func)),
+                            masters)
+    if found is None:
+        return
+    path, (kind, name) = found
+    raise ValueError(
+        "after copying the model for a replica, {} still refers to the "
+        "master's {} {!r}: the replica would compute with the master's "
+        'weights. A function defined at module level of an importable '
+        'module is copied by reference, with its module globals; pass the '
+        'model to it as an argument, or keep what refers to the model on '
+        'the model (an attribute, lambda, closure or bound method there is '
+        'copied with it)'.format(path, kind, name))
+
+
+def _find_reference(roots, masters):
+    """The first path from ``roots`` to an object in ``masters``, with
+    what it is, or None."""
+    seen = set()
+    stack = list(roots)
+    while stack:
+        path, obj = stack.pop()
+        if isinstance(obj, _LEAVES) or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if id(obj) in masters:
+            return path, masters[id(obj)]
+        stack.extend((path + step, child) for step, child in _children(obj))
+    return None
+
+
+def _children(obj):
+    """``(step, child)`` for what ``obj`` refers to; a step reads as the
+    continuation of a path."""
+    if isinstance(obj, dict):
+        return [('[{!r}]'.format(key), value) for key, value in
+                list(obj.items())] + [(' (a key)', key) for key in obj]
+    if isinstance(obj, (list, tuple)):
+        return [('[{}]'.format(i), item) for i, item in enumerate(obj)]
+    if isinstance(obj, (set, frozenset)):
+        return [(' (an element)', item) for item in obj]
+    if isinstance(obj, types.FunctionType):
+        return _function_children(obj)
+    if isinstance(obj, types.MethodType):
+        return [('.__self__', obj.__self__), ('.__func__', obj.__func__)]
+    if isinstance(obj, weakref.ref):
+        return [(' (weakly referred)', obj())]
+    children = []
+    if hasattr(obj, '__dict__') and isinstance(vars(obj), dict):
+        children.extend(('.' + name, value)
+                        for name, value in list(vars(obj).items()))
+    for cls in type(obj).__mro__:
+        for name in _slot_names(cls):
+            if hasattr(obj, name):
+                children.append(('.' + name, getattr(obj, name)))
+    return children
+
+
+def _slot_names(cls):
+    slots = vars(cls).get('__slots__', ())
+    if isinstance(slots, str):
+        slots = (slots,)
+    return [name for name in slots if name not in ('__dict__', '__weakref__')]
+
+
+def _function_children(function):
+    where = ' (function {}'.format(function.__qualname__)
+    children = []
+    for name, cell in zip(function.__code__.co_freevars,
+                          function.__closure__ or ()):
+        try:
+            value = cell.cell_contents
+        except ValueError:  # not filled in yet
+            continue
+        children.append(('{}, closure variable {!r})'.format(where, name),
+                         value))
+    for i, value in enumerate(function.__defaults__ or ()):
+        children.append(('{}, default {})'.format(where, i), value))
+    for name, value in (function.__kwdefaults__ or {}).items():
+        children.append(('{}, default {!r})'.format(where, name), value))
+    module_globals = function.__globals__
+    for name in sorted(_global_names(function.__code__)):
+        if name in module_globals:
+            children.append(('{}, global {!r} of module {})'.format(
+                where, name, module_globals.get('__name__')),
+                module_globals[name]))
+    children.extend(('.' + name, value)
+                    for name, value in vars(function).items())
+    return children
+
+
+def _global_names(code):
+    """Names that ``code`` and the code nested in it may read as globals
+    (attribute names too: a superset is harmless)."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
