@@ -110,3 +110,19 @@ def test_multiprocess_parallel_updater_imagenet_example_switched(
     assert 'validation/main/loss' in log[0]
     _assert_same_npz(str(tmp_path / 'standard' / 'model_iter_6'),
                      str(tmp_path / 'cgdp' / 'model_iter_6'))
+
+
+@pytest.mark.slow
+def test_memnn_example_switched(tmp_path, dataset_root):
+    # The model holds a lambda over itself and plain objects holding its
+    # links: each worker process's replica must use its own.
+    script = 'train_memnn_switched.py'
+    _run(script, tmp_path / 'standard', dataset_root, '--updater',
+         'standard')
+    _run(script, tmp_path / 'cgdp', dataset_root, '--updater', 'cgdp')
+    # 48 stories, 12 a batch, 2 epochs.
+    log = _log(tmp_path / 'cgdp')
+    assert [entry['epoch'] for entry in log] == [1, 2]
+    assert all('validation/main/loss' in entry for entry in log)
+    _assert_same_npz(str(tmp_path / 'standard' / 'model.npz'),
+                     str(tmp_path / 'cgdp' / 'model.npz'))

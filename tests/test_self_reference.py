@@ -300,16 +300,17 @@ def test_a_model_that_cannot_be_copied_at_all_is_refused(workers):
 # -- @static_graph ----------------------------------------------------------
 
 class StaticMLP(chainer.Chain):
-    """The shape of Chainer's static_graph_optimizations/mnist model."""
+    """The shape of Chainer's static_graph_optimizations/mnist model:
+    lazy layers, ``chainer.static_graph`` on ``__call__``."""
 
     def __init__(self):
         super(StaticMLP, self).__init__()
         with self.init_scope():
-            self.l1 = L.Linear(4, 8)
-            self.l2 = L.Linear(8, 3)
+            self.l1 = L.Linear(None, 8)
+            self.l2 = L.Linear(None, 3)
 
-    @static_graph
-    def forward(self, x):
+    @chainer.static_graph
+    def __call__(self, x):
         return self.l2(F.relu(self.l1(x)))
 
 
@@ -321,14 +322,14 @@ class StaticWithOptions(chainer.Chain):
             self.l1 = L.Linear(4, 3)
 
     @static_graph(verbosity_level=0)
-    def __call__(self, x):
+    def forward(self, x):
         return self.l1(x)
 
 
 @pytest.mark.parametrize('workers', WORKERS)
-@pytest.mark.parametrize('net, method', [(StaticMLP, 'StaticMLP.forward'),
+@pytest.mark.parametrize('net, method', [(StaticMLP, 'StaticMLP.__call__'),
                                          (StaticWithOptions,
-                                          'StaticWithOptions.__call__')])
+                                          'StaticWithOptions.forward')])
 def test_a_static_graph_model_is_refused_at_construction(workers, net,
                                                          method):
     with pytest.raises(ValueError) as info:
