@@ -125,6 +125,9 @@ class SelfReferring(chainer.Chain):
     def _third(self, h):
         return F.relu(self.l3(h))
 
+    def loss(self, x, t):
+        return F.softmax_cross_entropy(self(x), t)
+
     def forward(self, x):
         h = self.scale(self.first(x))
         return self.head(self.third(F.relu(self.second(h))))
@@ -192,11 +195,18 @@ def _train_with_loss(model, make_loss, make_updater):
     return equivalence.train(model, _adam, make, data=vector_data())
 
 
-@pytest.mark.parametrize('workers', WORKERS)
-def test_a_lambda_loss_func_over_the_model_equals_standard_updater(workers):
-    def make_loss(model):
-        return lambda x, t: F.softmax_cross_entropy(model.predictor(x), t)
+def _lambda_over(model):
+    return lambda x, t: F.softmax_cross_entropy(model.predictor(x), t)
 
+
+def _bound_method_of(model):
+    return model.predictor.loss
+
+
+@pytest.mark.parametrize('workers', WORKERS)
+@pytest.mark.parametrize('make_loss', [_lambda_over, _bound_method_of])
+def test_a_loss_func_over_the_model_equals_standard_updater(workers,
+                                                            make_loss):
     def make():
         return L.Classifier(SelfReferring())
     expected = _train_with_loss(
