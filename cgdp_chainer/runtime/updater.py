@@ -114,7 +114,9 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     By default every replica runs in a worker process of its own
     (``workers='process'``), so that Chainer's Python work runs in parallel;
     the master's parameters and the gradient slots live in shared memory.
-    The model (and ``loss_func``) must then be picklable, and a script that
+    The model (and ``loss_func``) must then be picklable by cloudpickle
+    (lambdas and closures are; see :mod:`~cgdp_chainer.runtime.replica_copy`
+    for how either worker kind copies them), and a script that
     trains must guard its code with ``if __name__ == '__main__':``, since
     the workers import the script's module. ``workers='thread'`` runs the
     replicas as threads of this process instead (they then share the
@@ -127,7 +129,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
 
     Not supported, and refused at the first iteration: ``F.forget`` (its
     backward recomputes the forward behind the per-layer hand-over) and
-    loss scaling.
+    loss scaling; refused when the updater is built: ``@static_graph``
+    models (their schedule replays the whole backward as one node).
 
     It takes the call forms of Chainer's multi-device updaters, so that
     switching a script is one line: ``ParallelUpdater``'s (one iterator,
