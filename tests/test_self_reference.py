@@ -3,6 +3,7 @@ example: ``self.W = lambda u: F.linear(u, self.embeds[-1].W)``), a
 ``loss_func`` that captures the model, what a copy cannot fix, and
 ``@static_graph`` models: with both worker kinds."""
 import functools
+import re
 import threading
 import weakref
 
@@ -294,6 +295,32 @@ def test_a_weak_reference_to_a_link_is_refused_with_both_workers():
     assert "the master's link '/predictor/l4'" in message
 
 
+class _Elsewhere(object):
+    pass
+
+
+_ELSEWHERE = _Elsewhere()
+
+
+class UnpicklableAndSelfReferring(SelfReferring):
+    """Cannot be pickled (a weak reference to something outside the model),
+    so thread workers deep-copy it; the deep copy shares the closures."""
+
+    def __init__(self):
+        super(UnpicklableAndSelfReferring, self).__init__()
+        self.note = weakref.ref(_ELSEWHERE)
+
+
+def test_a_deep_copy_that_keeps_closures_over_the_master_is_refused():
+    with pytest.raises(ValueError) as info:
+        _updater(L.Classifier(UnpicklableAndSelfReferring()), 'thread')
+    message = str(info.value)
+    assert re.search(r"^after copying the model for a replica, the model"
+                     r"\.predictor\.(first|scale) \(function ", message)
+    assert "the master's link '/predictor/l1'" in message
+    assert 'thread workers copied it with copy.deepcopy' in message
+
+
 class HoldsALock(SelfReferring):
 
     def __init__(self):
@@ -350,6 +377,22 @@ def test_a_static_graph_model_is_refused_at_construction(workers, net,
         '@static_graph'.format(method))
     assert 'Remove the decorator to train with CGDPUpdater' in message
     assert len(message.split('@static_graph')) == 2  # said once
+
+
+def test_a_static_graph_loss_func_is_refused_too():
+    class LossChain(chainer.Chain):
+        def __init__(self, model):
+            super(LossChain, self).__init__()
+            with self.init_scope():
+                self.model = model
+
+        def forward(self, x, t):
+            return F.softmax_cross_entropy(self.model(x), t)
+
+    model = StaticMLP()
+    with pytest.raises(ValueError, match=r"^StaticMLP\.__call__ \(loss_func's "
+                                         r"link '/model'\) is decorated"):
+        replica_copy.refuse_static_graph(SelfReferring(), LossChain(model))
 
 
 def test_the_static_graph_check_leaves_plain_models_alone():

@@ -248,8 +248,9 @@ def _is_static_graph_wrapper(value, wrapper_code):
 
 
 def refuse_static_graph(master, loss_func=None):
-    """Raises ValueError if a link of ``master`` (or ``loss_func``) is
-    decorated with ``chainer.static_graph``.
+    """Raises ValueError if a link of ``master`` (or ``loss_func``, or a
+    link that it is or is bound to) is decorated with
+    ``chainer.static_graph``.
 
     Its first call records the whole forward and backward as one static
     schedule and later calls replay it as one function node: CGDP's
@@ -257,19 +258,24 @@ def refuse_static_graph(master, loss_func=None):
     copies, cannot follow it.
     """
     wrapper_code = _static_graph_code()
-    for path, link in master.namedlinks():
-        for cls in type(link).__mro__:
-            for name, value in vars(cls).items():
+    owners = [('the model', master)]
+    loss_link = getattr(loss_func, '__self__', loss_func)
+    if isinstance(loss_link, chainer.Link) and loss_link is not master:
+        owners.append(('loss_func', loss_link))
+    for owner, root in owners:
+        for path, link in root.namedlinks():
+            where = owner if path == '/' else "{}'s link {!r}".format(owner,
+                                                                    path)
+            for cls in type(link).__mro__:
+                for name, value in vars(cls).items():
+                    if _is_static_graph_wrapper(value, wrapper_code):
+                        _raise_static_graph('{}.{} ({})'.format(
+                            cls.__name__, name, where))
+            for name, value in vars(link).items():
                 if _is_static_graph_wrapper(value, wrapper_code):
-                    _raise_static_graph('{}.{} (the model{})'.format(
-                        cls.__name__, name,
-                        "'s link {!r}".format(path) if path != '/' else ''))
-        for name, value in vars(link).items():
-            if _is_static_graph_wrapper(value, wrapper_code):
-                _raise_static_graph('the attribute {!r} of the model{}'.format(
-                    name, "'s link {!r}".format(path) if path != '/' else ''))
-    if loss_func is not None and _is_static_graph_wrapper(loss_func,
-                                                          wrapper_code):
+                    _raise_static_graph('the attribute {!r} of {}'.format(
+                        name, where))
+    if _is_static_graph_wrapper(loss_func, wrapper_code):
         _raise_static_graph('loss_func')
 
 
@@ -314,11 +320,24 @@ def check_no_master_references(master, replica, loss_func):
     raise ValueError(
         "after copying the model for a replica, {} still refers to the "
         "master's {} {!r}: the replica would compute with the master's "
-        'weights. A function defined at module level of an importable '
-        'module is copied by reference, with its module globals; pass the '
-        'model to it as an argument, or keep what refers to the model on '
-        'the model (an attribute, lambda, closure or bound method there is '
-        'copied with it)'.format(path, kind, name))
+        'weights. {}'.format(path, kind, name, _how_to_fix(path)))
+
+
+def _how_to_fix(path):
+    if ', global ' in path:
+        return (
+            'A function defined at module level of an importable module is '
+            'copied by reference, with its module globals; pass the model '
+            'to it as an argument, or keep what refers to the model on the '
+            'model (an attribute, lambda, closure or bound method there is '
+            'copied with it)')
+    if '(weakly referred)' in path:
+        return ('A weak reference is not copied; hold the link itself, or '
+                'look it up from the model when it is needed')
+    return ('Something in the model cannot be pickled, so thread workers '
+            'copied it with copy.deepcopy, which shares functions with the '
+            'master; make the model picklable (no locks, open files or weak '
+            'references) so that it is copied by value')
 
 
 def _find_reference(roots, masters):
