@@ -188,6 +188,23 @@ def test_closures_bound_methods_callables_equal_standard_updater(workers):
     _assert_trained(_initial(_fresh(make)), expected)
 
 
+@pytest.mark.parametrize('workers', WORKERS)
+def test_a_sequential_with_a_lambda_layer_equals_standard_updater(workers):
+    # chainer.Sequential refuses to be pickled with a lambda among its
+    # layers (the standard pickle could not carry it; cloudpickle does).
+    def make():
+        return L.Classifier(
+            chainer.Sequential(L.Linear(4, 6), lambda h: F.relu(h) * 2,
+                               L.Linear(6, 3)),
+            lossfun=lambda y, t: F.softmax_cross_entropy(y, t))
+    expected = equivalence.train(_fresh(make), _adam, standard,
+                                 data=vector_data())
+    actual = equivalence.train(_fresh(make), _adam, cgdp(2, workers=workers),
+                               data=vector_data())
+    assert_same_params(expected, actual)
+    _assert_trained(_initial(_fresh(make)), expected)
+
+
 def _train_with_loss(model, make_loss, make_updater):
     """Trains ``model`` with ``loss_func=make_loss(model)`` given to the
     updater (as a script passes one that names its model)."""

@@ -19,6 +19,7 @@ master, is found by :func:`check_no_master_references` and refused before
 any work, naming the attribute.
 """
 import copy
+import copyreg
 import io
 import pickle
 import sys
@@ -53,6 +54,10 @@ class _ReplicaPickler(cloudpickle.Pickler):
         # made by a function) would come back as a second metaclass that
         # conflicts with the one of chainer.Link. Such a metaclass is
         # pickled as type(C) of an importable class C made with it.
+        if isinstance(obj, chainer.Sequential):
+            # Its __reduce__ refuses lambdas among its layers, which only
+            # the standard pickle cannot carry: the default reduction.
+            return copyreg.__newobj__, (type(obj),), vars(obj)
         if isinstance(obj, type):
             if issubclass(obj, type):
                 made_with = self._made_with.get(id(obj))
