@@ -167,6 +167,11 @@ def thread_replicas(master, loss_func, count):
     be pickled, a deep copy instead (which shares functions with the
     master: the check then refuses one that refers to the master).
 
+    Args:
+        master (chainer.Link): The master model, on the host.
+        loss_func (callable or None): As for ``CGDPUpdater``.
+        count (int): How many replicas.
+
     Returns:
         list of tuple: ``(replica, loss_func)`` each; the replicas'
         parameters hold the master's arrays.
@@ -261,6 +266,10 @@ def refuse_static_graph(master, loss_func=None):
     schedule and later calls replay it as one function node: CGDP's
     hand-over of gradient chunks during the backward, and its replicas'
     copies, cannot follow it.
+
+    Args:
+        master (chainer.Link): The master model.
+        loss_func (callable or None): As for ``CGDPUpdater``.
     """
     wrapper_code = _static_graph_code()
     owners = [('the model', master)]
