@@ -213,6 +213,10 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             ``'forkserver'``.
     """
 
+    # Whether replica threads were found drawing from the global NumPy
+    # state they share (warned once).
+    _warned_shared_random = False
+
     def __init__(self, iterator, optimizer, devices, chunk_size=None,
                  reduction=None, converter=convert.concat_examples,
                  loss_func=None, timeline=None, blas_threads=None,
@@ -273,11 +277,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         if workers == 'process':
             channels.check_picklable(master, loss_func)
         self._failures = accumulator_module.FailureBox()
-        # The replicas' random streams derive from it (see
-        # cgdp_chainer.randomness); taken without drawing, so the caller's
-        # global state stays StandardUpdater's.
-        self._random_base = randomness.base_seed()
-        self._warned_shared_random = False
+        self._random_base = randomness.base_seed()  # draws nothing
         self._replicas = None
         self._accumulator = None
         self._refresh_persistents = False
