@@ -391,3 +391,14 @@ def test_two_seeded_runs_are_the_same_with_a_gpu_replica(workers, noise):
     # The replicas drew from states of their own: the caller's CuPy
     # stream is where cupy.random.seed(0) left it.
     numpy.testing.assert_array_equal(first_cupy, untouched)
+
+
+# -- MPI --------------------------------------------------------------------
+
+@pytest.mark.mpi
+def test_ranks_draw_different_streams_from_rank_0s_seed():
+    test_mpi = pytest.importorskip('test_mpi')
+    if not test_mpi.os.path.exists(test_mpi.mpiexec_path()):
+        pytest.skip('no mpiexec next to the interpreter')
+    pytest.importorskip('mpi4py')
+    test_mpi.assert_ok(test_mpi.run_mpi('random_streams.py'), 'random')
