@@ -93,15 +93,14 @@ class ReplicaSeed(collections.namedtuple(
             [STREAM_TAG, int(self.base), int(self.rank),
              int(self.iteration), int(self.replica)], spawn_key=(stream,))
 
+    def words(self, stream):
+        """128 bits of one of the streams, to seed a ``RandomState`` with
+        (``RandomState.seed(words)``: far cheaper than building one).
 
-def legacy_state(sequence):
-    """A state for ``numpy.random.set_state``, seeded from ``sequence``.
-
-    Args:
-        sequence (numpy.random.SeedSequence): The stream.
-    """
-    state = numpy.random.MT19937(sequence).state['state']
-    return ('MT19937', state['key'], state['pos'], 0, 0.0)
+        Args:
+            stream (int): As for :meth:`sequence`.
+        """
+        return self.sequence(stream).generate_state(4)
 
 
 def _same_state(a, b):
@@ -110,25 +109,26 @@ def _same_state(a, b):
 
 
 class SharedGlobalState(object):
-    """Installs a state derived from ``sequence`` as NumPy's global random
-    state for a block and puts the previous one back afterwards; ``drawn``
-    then says whether anything drew from it meanwhile.
+    """Seeds NumPy's global random state from ``words`` for a block and
+    puts the previous state back afterwards; ``drawn`` then says whether
+    anything drew from it meanwhile.
 
     For the ``'@numpy'`` replica threads, which share the process's global
     state with the caller (who waits for them, drawing nothing).
 
     Args:
-        sequence (numpy.random.SeedSequence): The installed state's stream.
+        words (numpy.ndarray): The seed (see :meth:`ReplicaSeed.words`).
     """
 
-    def __init__(self, sequence):
-        self._installed = legacy_state(sequence)
+    def __init__(self, words):
+        self._words = words
+        self._installed = None
         self._saved = None
         self.drawn = False
 
     def __enter__(self):
         self._saved = numpy.random.get_state(legacy=True)
-        numpy.random.set_state(self._installed)
+        numpy.random.seed(self._words)
         self._installed = numpy.random.get_state(legacy=True)
         return self
 
@@ -149,10 +149,18 @@ def replica_streams(seed, device):
             the calling thread.
     """
     if seed.global_numpy:
-        numpy.random.set_state(legacy_state(seed.sequence(NUMPY_STREAM)))
-    with thread_random_state(seed.sequence(DROPOUT_STREAM)), \
-            _cupy_state(seed, device):
-        yield
+        numpy.random.seed(seed.words(NUMPY_STREAM))
+    state = getattr(_local, 'replica_state', None)
+    if state is None:
+        state = _local.replica_state = numpy.random.RandomState()
+    state.seed(seed.words(DROPOUT_STREAM))
+    previous = getattr(_local, 'state', None)
+    _local.state = state
+    try:
+        with _cupy_state(seed, device):
+            yield
+    finally:
+        _local.state = previous
 
 
 @contextlib.contextmanager

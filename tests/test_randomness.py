@@ -227,8 +227,8 @@ def test_replicas_and_iterations_draw_different_masks(workers, noise):
 def test_replica_streams_depend_on_every_part_of_the_seed():
     seed = randomness.ReplicaSeed(base=5, rank=0, iteration=3, replica=1,
                                   global_numpy=True)
-    states = [numpy.random.RandomState(numpy.random.MT19937(
-        s.sequence(randomness.NUMPY_STREAM))).randint(2 ** 31)
+    states = [numpy.random.RandomState(
+        s.words(randomness.NUMPY_STREAM)).randint(2 ** 31)
         for s in (seed, seed._replace(base=6), seed._replace(rank=1),
                   seed._replace(iteration=4), seed._replace(replica=0))]
     assert len(set(states)) == len(states)
@@ -402,3 +402,30 @@ def test_ranks_draw_different_streams_from_rank_0s_seed():
         pytest.skip('no mpiexec next to the interpreter')
     pytest.importorskip('mpi4py')
     test_mpi.assert_ok(test_mpi.run_mpi('random_streams.py'), 'random')
+
+
+# -- the command line -------------------------------------------------------
+
+@pytest.mark.slow
+def test_two_runs_of_the_training_script_with_one_seed_are_the_same(tmp_path):
+    # GoogLeNet's dropout draws from the replicas' streams, whose base seed
+    # comes from the global state as the updater is built: the script
+    # seeds it from --seed.
+    train_script = pytest.importorskip('experiments.train')
+    snapshots = []
+    for name in ('first', 'second'):
+        out = str(tmp_path / name)
+        assert train_script.main([
+            '--net', 'googlenet', '--image-size', '64', '--classes', '4',
+            '--batchsize', '2', '--train-length', '4', '--iterations', '2',
+            '--updater', 'cgdp', '--devices', '@numpy,@numpy',
+            '--out', out]) == 0
+        with numpy.load(str(tmp_path / name / 'snapshot_iter_2')) as saved:
+            snapshots.append({key: saved[key] for key in saved.files
+                              if key.startswith('updater/')})
+    first, second = snapshots
+    assert sorted(first) == sorted(second)
+    assert 'updater/cgdp_random_base' in first
+    for key in first:
+        numpy.testing.assert_array_equal(second[key], first[key],
+                                         err_msg=key)

@@ -623,7 +623,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                if not devices_module.is_gpu(device)]
         seed = self._replica_seed(cpu[0] if cpu else 0, global_numpy=True)
         return randomness.SharedGlobalState(
-            seed.sequence(randomness.NUMPY_STREAM))
+            seed.words(randomness.NUMPY_STREAM))
 
     def _check_shared_draws(self, shared_random):
         """Warns, once, that several ``'@numpy'`` replica threads drew from
