@@ -127,6 +127,16 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     master's arrays; each gets ``blas_threads`` BLAS threads, since replicas
     that all use every core slow each other down.
 
+    Random functions in the model (``F.dropout``, ``F.gaussian``, ...)
+    draw per replica from streams derived from a base seed, the MPI rank,
+    the iteration and the replica (see :mod:`cgdp_chainer.randomness`):
+    the base is taken from NumPy's global state when the updater is built,
+    without drawing, and snapshots keep it, so seeded runs repeat and
+    resumed runs continue exactly; the caller's global state is left as
+    ``StandardUpdater`` leaves it for a model without random functions.
+    Several ``'@numpy'`` replica threads share NumPy's one global state:
+    where they draw from it, a warning names the ways out.
+
     Not supported, and refused at the first iteration: ``F.forget`` (its
     backward recomputes the forward behind the per-layer hand-over) and
     loss scaling.
