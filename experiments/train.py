@@ -759,6 +759,9 @@ def run(args, comm=None):
     if args.trace is not None and rank == 0:
         from cgdp_chainer import Timeline
         timeline = Timeline()
+    # CGDP derives its replicas' random streams from the global state as
+    # the updater is built (cgdp_chainer.randomness): from --seed, too.
+    numpy.random.seed(_global_seed(args.seed, 0, rank))
     updater = build_updater(args.updater, iterator, optimizer, args.devices,
                             chunk_size=args.chunk_size,
                             reduction=args.reduction, timeline=timeline,

@@ -5,6 +5,7 @@ import copy
 import hashlib
 import numbers
 import time
+import warnings
 
 import chainer
 from chainer.dataset import convert
@@ -15,6 +16,7 @@ import numpy
 from cgdp_chainer.runtime import accumulator as accumulator_module
 from cgdp_chainer import blas
 from cgdp_chainer import devices as devices_module
+from cgdp_chainer import randomness
 from cgdp_chainer.runtime import channels
 from cgdp_chainer.runtime import device_view
 from cgdp_chainer.runtime import master as master_module
@@ -127,6 +129,16 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     master's arrays; each gets ``blas_threads`` BLAS threads, since replicas
     that all use every core slow each other down.
 
+    Random functions in the model (``F.dropout``, ``F.gaussian``, ...)
+    draw per replica from streams derived from a base seed, the MPI rank,
+    the iteration and the replica (see :mod:`cgdp_chainer.randomness`):
+    the base is taken from NumPy's global state when the updater is built,
+    without drawing, and snapshots keep it, so seeded runs repeat and
+    resumed runs continue exactly; the caller's global state is left as
+    ``StandardUpdater`` leaves it for a model without random functions.
+    Several ``'@numpy'`` replica threads share NumPy's one global state:
+    where they draw from it, a warning names the ways out.
+
     Not supported, and refused at the first iteration: ``F.forget`` (its
     backward recomputes the forward behind the per-layer hand-over) and
     loss scaling; refused when the updater is built: ``@static_graph``
@@ -214,6 +226,10 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             ``'forkserver'``.
     """
 
+    # Whether replica threads were found drawing from the global NumPy
+    # state they share (warned once).
+    _warned_shared_random = False
+
     def __init__(self, iterator, optimizer, devices, chunk_size=None,
                  reduction=None, converter=convert.concat_examples,
                  loss_func=None, timeline=None, blas_threads=None,
@@ -273,6 +289,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         self._allreducer = None
         channels.check_replicable(master, loss_func, workers)
         self._failures = accumulator_module.FailureBox()
+        self._random_base = randomness.base_seed()  # draws nothing
         self._replicas = None
         self._accumulator = None
         self._refresh_persistents = False
@@ -530,7 +547,9 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         jobs = self._jobs(n, forming, send_persistents=not in_loop)
         self._accumulator.start_iteration(self.iteration, shares)
         search_start = time.perf_counter()
-        results = self._replicas.run(jobs, inputs)
+        with self._replica_random_scope() as shared_random:
+            results = self._replicas.run(jobs, inputs)
+        self._check_shared_draws(shared_random)
         if not self._failures.failed:
             self._accumulator.wait()
         seconds = time.perf_counter() - search_start
@@ -575,9 +594,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             send_persistents (bool): Whether replica 0 returns its
                 persistent values after the iteration.
         """
-        # Drawn here, in the calling thread, so that a seeded run (and its
-        # resume) gives every replica the same dropout masks again.
-        seeds = numpy.random.randint(0, 2 ** 31 - 1, size=n).tolist()
+        seeds = [self._replica_seed(i) for i in range(n)]
         refresh = (worker_module.save_persistents(
             self.get_optimizer('main').target)
             if self._refresh_persistents else None)
@@ -594,6 +611,52 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             send_persistents=(i == 0 and self._has_persistents and
                               send_persistents),
             persistents=refresh, config=config) for i in range(n)]
+
+    def _replica_seed(self, index, global_numpy=None):
+        """The :class:`~cgdp_chainer.randomness.ReplicaSeed` of replica
+        ``index`` in this iteration (``global_numpy``: by default, whether
+        the replica runs in a worker process of its own)."""
+        if global_numpy is None:
+            global_numpy = self.workers == 'process'
+        return randomness.ReplicaSeed(
+            base=self._random_base,
+            rank=getattr(self._allreducer, 'rank', 0),
+            iteration=self.iteration, replica=index,
+            global_numpy=global_numpy)
+
+    def _replica_random_scope(self):
+        """For replica threads, which share the process's global NumPy
+        state: a stream of this iteration's as that state while they run
+        (the first ``'@numpy'`` replica's: with one, its own, as in a
+        worker process), and the caller's put back after."""
+        if self.workers == 'process':
+            return contextlib.nullcontext()
+        cpu = [i for i, device in enumerate(self._devices)
+               if not devices_module.is_gpu(device)]
+        seed = self._replica_seed(cpu[0] if cpu else 0, global_numpy=True)
+        return randomness.SharedGlobalState(
+            seed.words(randomness.NUMPY_STREAM))
+
+    def _check_shared_draws(self, shared_random):
+        """Warns, once, that several ``'@numpy'`` replica threads drew from
+        the global NumPy state they share (their draws interleave in
+        whatever order the threads run)."""
+        n_cpu = channels.cpu_replica_count(self._devices)
+        if self._warned_shared_random or n_cpu < 2 or \
+                not getattr(shared_random, 'drawn', False):
+            return
+        self._warned_shared_random = True
+        warnings.warn(
+            'CGDP: the model draws from NumPy\'s global random state (as '
+            'F.dropout, F.gaussian and L.NegativeSampling do on the CPU) in '
+            '{} \'@numpy\' replica threads, which share that one state: '
+            'their draws interleave in whatever order the threads run, so '
+            'two seeded runs, or a run and its resume from a snapshot, '
+            'differ. For repeatable runs use workers=\'process\' (each '
+            'replica process draws from its own seeded state), or '
+            'cgdp_chainer.randomness.dropout in place of F.dropout (it '
+            'draws from each replica thread\'s own state)'.format(n_cpu),
+            UserWarning, stacklevel=5)
 
     def _record_events(self, results, start, sync_end):
         """Puts the replicas' events on the timeline and closes the
@@ -731,6 +794,10 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             # copied from the master.
             mpi.broadcast_parameters(self._mpi_comm, master)
             self._allreducer = mpi.ChunkAllreducer(self._mpi_comm)
+            # Every rank derives its replicas' streams from rank 0's seed.
+            self._random_base = self._allreducer.allreduce_int(
+                self._random_base if self._allreducer.rank == 0 else 0,
+                op='max')
         if self.timeline is not None:
             self.timeline.name_tracks(
                 ['replica {} {}'.format(index, devices_module.spec_of(device))
@@ -852,11 +919,13 @@ class CGDPUpdater(standard_updater.StandardUpdater):
 
     def serialize(self, serializer):
         """Saves or restores the master weights, persistents, optimizer
-        state, iterator and iteration; restoring also refreshes every
-        replica from the master."""
+        state, iterator, iteration and the base seed of the replicas'
+        random streams; restoring also refreshes every replica from the
+        master."""
         if not isinstance(serializer, chainer.serializer.Deserializer):
             self.sync_persistents()
         super(CGDPUpdater, self).serialize(serializer)
+        self._serialize_random_base(serializer)
         if isinstance(serializer, chainer.serializer.Deserializer) and \
                 self._replicas is not None:
             for port in self._replicas.ports:
@@ -867,6 +936,20 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         if isinstance(serializer, chainer.serializer.Deserializer) and \
                 self._device_view is not None:
             self._device_view.invalidate()
+
+    def _serialize_random_base(self, serializer):
+        """Saves or restores the base seed of the replicas' random streams
+        (with the iteration, all that they need to continue exactly)."""
+        if not isinstance(serializer, chainer.serializer.Deserializer):
+            serializer('cgdp_random_base', self._random_base)
+            return
+        try:
+            value = serializer('cgdp_random_base', self._random_base)
+        except KeyError:
+            # A snapshot from before the key: its streams cannot be
+            # restored; the resumed run keeps the ones of this updater.
+            return
+        self._random_base = int(value)
 
     def finalize(self):
         """Copies the first replica's BatchNormalization statistics into the

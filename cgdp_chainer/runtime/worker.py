@@ -36,7 +36,9 @@ Job.__doc__ = """What a replica needs for one iteration.
 
 Attributes:
     iteration (int): The updater's iteration.
-    seed (int): Seed of the replica's dropout random state.
+    seed (cgdp_chainer.randomness.ReplicaSeed): What the replica's random
+        streams are seeded from for the iteration (see
+        :func:`cgdp_chainer.randomness.replica_streams`).
     plan (ChunkPlan or None): The chunks, sent when they change (the
         replica keeps them); ``None`` keeps the replica's current plan.
     fingerprint (str or None): The fingerprint of the plan to run with;
@@ -198,7 +200,7 @@ class ReplicaWorker(object):
         in_arrays = send_inputs(self.device, in_arrays)
         observation = {}
         with _ConfigScope(job.config), _ReplicaScope(self.index), \
-                randomness.thread_random_state(job.seed), \
+                randomness.replica_streams(job.seed, self.device), \
                 self.reporter.scope(observation), \
                 chainer.using_config('enable_backprop', True):
             report = self._iterate(job, plan, in_arrays, clock, forming)
