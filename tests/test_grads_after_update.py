@@ -1,16 +1,15 @@
 """The master's ``param.grad`` after ``update()``: the gradient the update
 used, as StandardUpdater (ParallelUpdater for the dict form) leaves it,
 whenever anything may read it; not written where nothing may."""
+import models  # NOQA: imports the compat module before Chainer
 import chainer
 from chainer import optimizer_hooks
 from chainer import training
 from chainer.training import extensions
-from chainer.training import updaters
 import chainer.links as L
 import numpy
 import pytest
 
-import models  # NOQA: imports the compat module before Chainer
 import cgdp_chainer
 from cgdp_chainer.runtime import host_update
 
@@ -127,8 +126,8 @@ def parameter_statistics_log(make_updater, out, iterations=3):
         staged_models.dataset(), 6, shuffle=False)
     updater = make_updater(iterator, optimizer)
     trainer = training.Trainer(updater, (iterations, 'iteration'), out=out)
-    trainer.extend(extensions.ParameterStatistics(model, trigger=(1,
-                                                                  'iteration')))
+    trainer.extend(extensions.ParameterStatistics(
+        model, trigger=(1, 'iteration')))
     log = extensions.LogReport(trigger=(1, 'iteration'))
     trainer.extend(log)
     trainer.run()
@@ -239,4 +238,3 @@ def test_gradient_classification_by_exact_type():
                extensions.observe_value('x', lambda t: 0), lambda t: None]
     for extension in readers:
         assert master.reads_gradients(extension), extension
-    assert updaters  # ParallelUpdater's module is used through equivalence

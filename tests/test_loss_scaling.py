@@ -4,6 +4,7 @@ parameters, gradients and loss scale after every iteration, and an
 iteration whose gradient is not finite on any replica skipped."""
 import warnings
 
+import models  # NOQA: imports the compat module before Chainer
 import chainer
 from chainer import optimizer_hooks
 from chainer.training import updaters
@@ -11,7 +12,6 @@ import chainer.links as L
 import numpy
 import pytest
 
-import models  # NOQA: imports the compat module before Chainer
 import cgdp_chainer
 
 import equivalence
@@ -156,7 +156,8 @@ def test_fp32_update_with_mixed16_trains_as_standard_updater(workers):
     got2 = run(cgdp(2, workers), 'momentum', 'static',
                dtype=chainer.mixed16, fp32_update=True)
     for steps in (want, got1, got2):
-        assert set(steps[-1]['dtypes'].values()) == {numpy.dtype(numpy.float16)}
+        assert set(steps[-1]['dtypes'].values()) == {
+            numpy.dtype(numpy.float16)}
     # One replica computes what StandardUpdater does, operation by
     # operation; two sum two half-batch gradients in float16. The float16
     # param.grad stays scaled (use_fp32_update divides its float32 copy),

@@ -125,8 +125,7 @@ class ReadinessBackward(object):
         return tuple(name for name, _ in self._params)
 
     def backward(self, loss, on_ready, retain_grad=False, loss_scale=None):
-        """Runs ``loss.backward(retain_grad, loss_scale=loss_scale)``,
-        reporting ready parameters.
+        """``loss.backward(retain_grad, loss_scale)``, reporting ready parameters.
 
         Sets exactly the gradients ``loss.backward()`` sets, in the same
         order of accumulation (so bitwise the same), accumulating into a
@@ -148,10 +147,9 @@ class ReadinessBackward(object):
                 calling thread; an exception from it stops the backward
                 and propagates.
             retain_grad (bool): As in ``Variable.backward``.
-            loss_scale (float or None): As in ``Variable.backward``: a
-                gradient started from ones is multiplied by it, and each
-                leaf that gets a gradient records it as ``_loss_scale``
-                (which Chainer's update rules divide by).
+            loss_scale (float or None): As in ``Variable.backward``: it
+                multiplies a gradient started from ones; each leaf given a
+                gradient records it (``_loss_scale``, for the update rule).
 
         Returns:
             BackwardReport: The ready order and the unused names.
@@ -172,9 +170,7 @@ class ReadinessBackward(object):
         # Counting first refuses an unsupported graph before any work.
         consumers = _count_consumers(loss.node, names_of)
 
-        if loss_scale:
-            loss_scale = float(loss_scale)
-        _start_gradient(loss, loss_scale)
+        loss_scale = _start_gradient(loss, loss_scale)
         root = loss.node
         root_grad = loss.grad_var
         loss.grad_var = None
@@ -231,8 +227,11 @@ def _outside_message(name):
 
 
 def _start_gradient(loss, loss_scale=None):
-    # As Variable.backward: a one-element loss without a gradient starts
-    # from ones, times the loss scale.
+    """As Variable.backward: a one-element loss without a gradient starts
+    from ones, times the loss scale; returns the scale as a float (or
+    None)."""
+    if loss_scale:
+        loss_scale = float(loss_scale)
     if loss.array.size == 1 and loss.grad_var is None:
         if loss.array.ndim != 0:
             warnings.warn(
@@ -244,6 +243,7 @@ def _start_gradient(loss, loss_scale=None):
             loss.grad = loss.device.xp.ones_like(loss.array)
         if loss_scale is not None:
             loss.grad *= loss_scale
+    return loss_scale
 
 
 def _count_consumers(root, names_of):
