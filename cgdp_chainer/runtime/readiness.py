@@ -125,13 +125,13 @@ class ReadinessBackward(object):
         return tuple(name for name, _ in self._params)
 
     def backward(self, loss, on_ready, retain_grad=False, loss_scale=None):
-        """``loss.backward(retain_grad, loss_scale)``, reporting ready parameters.
+        """``loss.backward(retain_grad, loss_scale)``, reporting each
+        parameter once ready.
 
         Sets exactly the gradients ``loss.backward()`` sets, in the same
         order of accumulation (so bitwise the same), accumulating into a
         gradient a parameter already has, and freeing intermediate gradients
-        unless ``retain_grad``. Function hooks run as in
-        ``loss.backward()``.
+        unless ``retain_grad``. Function hooks run as in ``backward()``.
 
         Args:
             loss (chainer.Variable): The variable to backpropagate from; a
