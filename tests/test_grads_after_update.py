@@ -101,12 +101,15 @@ def test_grads_with_a_whole_gradient_hook(workers):
 
 
 @pytest.mark.parametrize('workers', equivalence.WORKERS)
-def test_summed_grads_equal_parallel_updaters(workers):
+@pytest.mark.parametrize('n', [1, 2])
+def test_summed_grads_equal_parallel_updaters(workers, n):
+    devices = {'main': '@numpy', 'second': '@numpy'} if n == 2 else \
+        {'main': '@numpy'}
+
     def cgdp(iterator, optimizer):
-        return cgdp_chainer.CGDPUpdater(
-            iterator, optimizer, {'main': '@numpy', 'second': '@numpy'},
-            chunk_size=1, workers=workers)
-    check_against(equivalence.parallel(2), cgdp,
+        return cgdp_chainer.CGDPUpdater(iterator, optimizer, devices,
+                                        chunk_size=1, workers=workers)
+    check_against(equivalence.parallel(n), cgdp,
                   setup('momentum', per_parameter_hooks))
 
 
@@ -177,25 +180,29 @@ def test_unattended_updates_leave_param_grad_unwritten(workers):
         updater.finalize()
 
 
-def only_log_report(make_updater, out, iterations=4):
+def only_log_report(make_updater, out, stop):
     model = L.Classifier(staged_models.StagedMLP())
     optimizer = setup('momentum', per_parameter_hooks)(model)
     iterator = chainer.iterators.SerialIterator(
         staged_models.dataset(), 6, shuffle=False)
     updater = make_updater(iterator, optimizer)
-    trainer = training.Trainer(updater, (iterations, 'iteration'), out=out)
+    trainer = training.Trainer(updater, stop, out=out)
     trainer.extend(extensions.LogReport(trigger=(1, 'iteration')))
     trainer.extend(extensions.observe_lr())
     trainer.run()
     return updater, {name: p.grad.copy() for name, p in model.namedparams()}
 
 
+# 24 examples in batches of 6: one epoch is 4 iterations.
+@pytest.mark.parametrize('stop', [(4, 'iteration'), (1, 'epoch')])
 def test_a_trainer_of_gradient_blind_extensions_writes_only_the_first_and_last(
-        tmp_path):
-    _, want = only_log_report(equivalence.standard, str(tmp_path / 's'))
+        tmp_path, stop):
+    _, want = only_log_report(equivalence.standard, str(tmp_path / 's'),
+                              stop)
     updater, got = only_log_report(
         equivalence.cgdp(2, chunk_size=1, workers='thread'),
-        str(tmp_path / 'c'))
+        str(tmp_path / 'c'), stop)
+    assert updater.iteration == 4
     # The first update cannot know it runs in a loop; the last one ends it,
     # after which code may read the gradients: both wrote them.
     assert updater.grads_written == 2
