@@ -8,7 +8,12 @@ model definition, never run), in one run:
   :mod:`cgdp_chainer.runtime.host_update` (every backend available here:
   numba and blocked NumPy), all host threads;
 - ``chainer``: the unfused path: the accumulator's block reduction into
-  ``param.grad``, then Chainer's own update rule, parameter by parameter.
+  ``param.grad``, then Chainer's own update rule, parameter by parameter;
+- ``<backend>+g``: the fused update that also writes each block's final
+  gradient to ``param.grad`` (one more write stream), as the accumulator
+  does when anything may read the gradients after ``update()``; its time
+  over the plain fused update's is printed as a ratio per backend (timed
+  in turns with the plain one, since the machine may be loaded).
 
 Each prints seconds per iteration (best of ``--repeats`` after one warm-up),
 the necessary bytes (each slot read once, the parameter and each state array
@@ -27,7 +32,7 @@ Usage::
 
     python -m benchmarks.host_update [--net resnet152] [--slots 1,2,4]
         [--optimizers momentum_sgd,adam] [--repeats 3] [--threads N]
-        [--backends numba,numpy] [--no-chainer] [--training N]
+        [--backends numba,numpy] [--no-chainer] [--no-grads] [--training N]
 """
 import models  # NOQA: first, so cgdp_chainer._compat runs before Chainer
 
@@ -142,6 +147,8 @@ def parse_arguments(argv):
         help='default: numba (where it imports) and numpy')
     parser.add_argument('--no-chainer', action='store_true',
                         help="skip Chainer's own path")
+    parser.add_argument('--no-grads', action='store_true',
+                        help='skip the fused update that writes param.grad')
     parser.add_argument('--training', default=0, type=cli.non_negative_int,
                         help='measured CGDP training iterations with Adam '
                         '(0: skip)')
@@ -177,6 +184,13 @@ def measure_optimizer(name, args, shapes, threads):
                       '{:>10.2f}'.format(
                           name, n_slots, path, seconds, rate / 1e9,
                           rate / copies[path], copies[path] / 1e9))
+            for backend in backends:
+                if backend + '+g' in times:
+                    verdicts.append(
+                        '{} {} slots {}: writing param.grad costs {:.2f}x '
+                        'the fused update'.format(
+                            name, n_slots, backend,
+                            times[backend + '+g'] / times[backend]))
             best = min(backends, key=times.get)
             if n_slots == 4:
                 verdicts.append(
@@ -201,8 +215,18 @@ def time_paths(bench, args, n, n_slots):
     times, copies = {}, {}
     for backend in args.backends:
         copies[backend] = copy_bandwidth(n, args.repeats)
-        times[backend] = bench[backend].best_seconds(
-            args.repeats, n_slots=n_slots)
+        b = bench[backend]
+        if args.no_grads:
+            times[backend] = b.best_seconds(args.repeats, n_slots=n_slots)
+            continue
+        # In turns, so that a load that comes and goes hits both alike.
+        plain, written = [], []
+        for _ in range(args.repeats):
+            plain.append(b.best_seconds(1, n_slots=n_slots))
+            written.append(b.best_seconds(
+                1, step=b.fused_step_writing_grads, n_slots=n_slots))
+        times[backend], times[backend + '+g'] = min(plain), min(written)
+        copies[backend + '+g'] = copies[backend]
     if not args.no_chainer:
         b0 = bench[args.backends[0]]
         copies['chainer'] = copy_bandwidth(n, args.repeats)

@@ -396,32 +396,6 @@ def test_replicas_forming_different_chunks_is_an_error_not_a_hang(workers):
         updater.finalize()
 
 
-def test_loss_scaling_is_refused():
-    model = L.Classifier(any_models.Branching())
-    optimizer = setup_optimizer('momentum', model)
-    optimizer.loss_scaling()
-    iterator = chainer.iterators.SerialIterator(
-        staged_models.dataset(), 6, shuffle=False)
-    with pytest.raises(ValueError, match='loss scaling is not supported'):
-        cgdp_chainer.CGDPUpdater(iterator, optimizer, ['@numpy'] * 2)
-
-
-def test_loss_scaling_set_after_construction_is_refused_at_first_update():
-    model = L.Classifier(any_models.Branching())
-    optimizer = setup_optimizer('momentum', model)
-    iterator = chainer.iterators.SerialIterator(
-        staged_models.dataset(), 6, shuffle=False)
-    updater = cgdp_chainer.CGDPUpdater(iterator, optimizer, ['@numpy'] * 2,
-                                       workers='thread')
-    optimizer.set_loss_scale(128.0)
-    try:
-        with pytest.raises(ValueError, match='loss scaling is not supported'):
-            updater.update()
-    finally:
-        updater.finalize()
-    assert updater.iteration == 0
-
-
 @pytest.mark.parametrize('kwargs, message', [
     (dict(chunk_size=8), 'out of range: the model has 7 layers'),
     (dict(chunk_size=[0, 7]), 'from 0 .the output-side layer. to 6'),

@@ -366,6 +366,12 @@ def test_multi_node_cgdp_equals_one_process_with_as_many_devices(mpiexec):
 
 
 @pytest.mark.mpi
+def test_multi_node_grads_and_dynamic_loss_scaling_equal_one_process(
+        mpiexec):
+    assert_ok(run_mpi('grads_and_loss_scaling.py'), 'grads')
+
+
+@pytest.mark.mpi
 def test_a_chainermn_script_switched_to_cgdp_trains_one_model(mpiexec,
                                                               tmp_path):
     # The script checks that both ranks end with identical parameters,

@@ -417,14 +417,24 @@ def test_gradient_set_behind_the_traversal_is_refused():
             y, lambda name, used: None)
 
 
-def test_loss_scaling_is_refused():
-    model = Branchy()
-    optimizer = chainer.optimizers.SGD()
-    optimizer.setup(model)
-    readiness.refuse_loss_scaling(optimizer)
-    optimizer.loss_scaling(scale=128)
-    with pytest.raises(ValueError, match='loss scaling'):
-        readiness.refuse_loss_scaling(optimizer)
+@pytest.mark.parametrize('loss_scale', [None, 128.0, 3.0])
+def test_loss_scale_scales_as_backward_does(loss_scale):
+    reference, model = Branchy(), Branchy()
+    model.copyparams(reference)
+    x = _x((2, 4))
+    reference.cleargrads()
+    F.sum(reference.l1(x) * 3).backward(loss_scale=loss_scale)
+    model.cleargrads()
+    readiness.ReadinessBackward(model.namedparams()).backward(
+        F.sum(model.l1(x) * 3), lambda name, used: None,
+        loss_scale=loss_scale)
+    expected = dict(reference.namedparams())
+    for name, param in model.namedparams():
+        if expected[name].grad is None:
+            assert param.grad is None
+            continue
+        numpy.testing.assert_array_equal(param.grad, expected[name].grad)
+        assert param._loss_scale == expected[name]._loss_scale == loss_scale
 
 
 def test_an_error_in_on_ready_propagates():

@@ -72,15 +72,28 @@ class HostAccumulator(object):
     Adam and its variants, with the hooks ``WeightDecay``, ``Lasso`` and
     ``GradientHardClipping``; see :mod:`cgdp_chainer.runtime.host_update`),
     the reduction and the update of a parameter are one pass over its slots,
-    the parameter and its state, split across the host's cores; the master
-    ``param.grad`` is then not written. Under MPI the chunk is reduced and
-    all-reduced first and the fused update reads the result. Everything
-    else runs Chainer's own update rule on the reduced ``param.grad``.
+    the parameter and its state, split across the host's cores. Under MPI
+    the chunk is reduced and all-reduced first and the fused update reads
+    the result. Everything else runs Chainer's own update rule on the
+    reduced ``param.grad``.
+
+    After an iteration started with ``write_grads=True`` every master
+    ``param.grad`` holds the gradient its update used, as
+    ``StandardUpdater`` leaves it: reduced over the devices with the
+    reduction's weights (and over the MPI ranks), after the optimizer's
+    pre-update hooks, divided by the loss scale where one is set. The
+    arrays are the accumulator's own (never a device's slot). With
+    ``write_grads=False`` the fused update does not write them, and
+    ``param.grad`` may be a device's slot or an earlier gradient.
 
     If the optimizer has a hook that needs the whole gradient (such as
-    :class:`chainer.optimizer_hooks.GradientClipping`), chunks are only
+    :class:`chainer.optimizer_hooks.GradientClipping`), or uses dynamic loss
+    scaling (``optimizer.loss_scaling()``: an iteration with a non-finite
+    gradient anywhere is skipped for every parameter), chunks are only
     reduced as they arrive and the update runs once after the last chunk,
     as ``optimizer.update()``: the same result, with the update exposed.
+    A static loss scale divides the reduced gradient after the hooks, as
+    Chainer's update rules do; the devices' backward starts from the scale.
 
     Args:
         optimizer (chainer.GradientMethod): Set up on the master model.
@@ -112,10 +125,23 @@ class HostAccumulator(object):
                     'parameter {} is not initialized: run one forward pass '
                     'of the model (or give its layers input sizes) before '
                     'building the updater'.format(name))
-            if param.grad is None or param.grad.shape != param.array.shape:
+            grad = param.grad
+            if type(grad) is not numpy.ndarray or \
+                    grad.shape != param.array.shape or \
+                    grad.dtype != param.array.dtype or \
+                    not grad.flags.c_contiguous:
                 param.grad = numpy.zeros_like(param.array)
-        self.deferred_update = bool(needs_whole_gradient(optimizer))
-        if self.deferred_update:
+        # The master's own gradient arrays, never a device's slot, so that
+        # what an update leaves in param.grad stays until the next one.
+        self._grads = {name: param.grad
+                       for name, param in self.master_params.items()}
+        self._whole_gradient = bool(needs_whole_gradient(optimizer))
+        self.deferred_update = self._whole_gradient
+        self._warned_dynamic = False
+        self._write_grads = True
+        self._loss_scale = None
+        self.grads_written = 0
+        if self._whole_gradient:
             warnings.warn(
                 'optimizer hook(s) {} need the whole gradient: CGDP reduces '
                 'chunks as they arrive but updates only after the last one, '
@@ -127,7 +153,7 @@ class HostAccumulator(object):
         self._pool = concurrent.futures.ThreadPoolExecutor(
             n_threads, thread_name_prefix='cgdp-host')
         # The whole-gradient hooks run in optimizer.update(): nothing fuses.
-        self._host_update = None if self.deferred_update else \
+        self._host_update = None if self._whole_gradient else \
             host_update_module.make_host_update(optimizer)
         self._lock = threading.Condition()
         self._delivered = None
@@ -139,15 +165,22 @@ class HostAccumulator(object):
         self._sequence_next = 0
         self._stopping = threading.Event()
 
-    def start_iteration(self, iteration, shares):
+    def start_iteration(self, iteration, shares, write_grads=True):
         """Prepares for a new iteration.
 
         Args:
             iteration (int): Its number, for the timeline.
             shares (list of float): Each device's fraction of the global
                 batch; used by ``reduction='mean'``.
+            write_grads (bool): Whether the master's ``param.grad`` must
+                hold the update's gradient afterwards (something may read
+                it); False spares the fused update that write.
         """
         n_chunks = len(self.chunk_names)
+        self._start_loss_scale()
+        self._write_grads = bool(write_grads)
+        if self._write_grads or self.deferred_update:
+            self.grads_written += 1
         with self._lock:
             self.iteration = iteration
             self._delivered = [0] * n_chunks
@@ -163,6 +196,29 @@ class HostAccumulator(object):
         if not self.deferred_update:
             # Chainer's GradientMethod.update advances t once per update.
             self.optimizer.t += 1
+
+    def _start_loss_scale(self):
+        """Takes the optimizer's loss scale of this iteration (dynamic
+        scaling changes it after each update)."""
+        optimizer = self.optimizer
+        dynamic = bool(getattr(optimizer, '_loss_scaling_is_dynamic', False))
+        self.deferred_update = self._whole_gradient or dynamic
+        if dynamic and not self._whole_gradient and not self._warned_dynamic:
+            self._warned_dynamic = True
+            warnings.warn(
+                'dynamic loss scaling skips an iteration whose gradient is '
+                'not finite anywhere: CGDP reduces chunks as they arrive but '
+                'updates only after the last one, with Chainer\'s update '
+                'rules, which leaves the update on the critical path',
+                stacklevel=4)
+        # Chainer has no public getter for the scale (7.8.1).
+        scale = getattr(optimizer, '_loss_scale', None)
+        if scale is not None or self._loss_scale is not None:
+            # As the backward from the scale sets it on each parameter;
+            # Chainer's update rules and WeightDecay read it there.
+            for param in self.master_params.values():
+                param._loss_scale = scale
+        self._loss_scale = scale
 
     def deliver(self, device_index, chunk, ready):
         """Called by a device worker after sending chunk ``chunk``.
@@ -262,7 +318,8 @@ class HostAccumulator(object):
         for name in names:
             param = self.master_params[name]
             slots = [t.slots[name] for t in transfers]
-            if len(slots) == 1 and scale in (None, 1.0) and \
+            if not self._write_grads and len(slots) == 1 and \
+                    scale in (None, 1.0) and \
                     slots[0].shape == param.shape and \
                     slots[0].dtype == param.dtype and \
                     slots[0].flags.c_contiguous:
@@ -270,7 +327,7 @@ class HostAccumulator(object):
                 param.grad = slots[0]
                 reduced.append(slots[0])
                 continue
-            out = param.grad
+            out = param.grad = self._grads[name]
             if equal:
                 reduce_sum(out, slots, scale)
             else:
@@ -313,7 +370,8 @@ class HostAccumulator(object):
         host_update = self._host_update
         if host_update is None or not names:
             return [], names, None
-        program = host_update.hooks(*optimizer_hooks(self.optimizer))
+        program = host_update.hooks(*optimizer_hooks(self.optimizer),
+                                    loss_scale=self._loss_scale)
         if program is None:
             return [], names, None
         params = {name: self.master_params[name] for name in names}
@@ -332,8 +390,14 @@ class HostAccumulator(object):
                                 weighted, program)
 
     def _fused_update(self, names, slots, weights, weighted, program):
-        self._host_update.update([self.master_params[n] for n in names],
-                                 slots, weights, weighted, program)
+        params = [self.master_params[n] for n in names]
+        grads = None
+        if self._write_grads:
+            grads = [self._grads[n] for n in names]
+            for param, grad in zip(params, grads):
+                param.grad = grad
+        self._host_update.update(params, slots, weights, weighted, program,
+                                 grads=grads)
 
     def _update(self, names):
         optimizer = self.optimizer

@@ -16,12 +16,14 @@ NUMBA_BLOCK = 2048
 # drops numba's wraparound checks and vectorizes them.
 _jit = numba.njit(nogil=True, cache=True, error_model='numpy')
 # Hook codes, as host_update.hook_program writes them: 0 WeightDecay,
-# 1 Lasso, 2 GradientHardClipping.
+# 1 Lasso, 2 GradientHardClipping, 3 the loss scale's division. With
+# ``write_g`` the block's final gradient is also stored in ``gout``
+# (the master's ``param.grad``): one more write stream.
 
 
 @_jit
 def gradient(g, n, start, p, slots, n_slots, weights, weighted, codes,
-             args):
+             args, gout, write_g):
     stop = start + n
     s = slots[0][start:stop]
     k = 1
@@ -76,7 +78,7 @@ def gradient(g, n, start, p, slots, n_slots, weights, weighted, codes,
                     g[j] = g[j] - a
                 elif x != x:
                     g[j] = g[j] + x
-        else:
+        elif code == 2:
             for j in range(n):
                 x = g[j]
                 if x < a:
@@ -84,28 +86,37 @@ def gradient(g, n, start, p, slots, n_slots, weights, weighted, codes,
                 if x > b:
                     x = b
                 g[j] = x
+        else:
+            # The loss scale's division, as UpdateRule.update divides.
+            for j in range(n):
+                g[j] = g[j] / a
+    if write_g:
+        go = gout[start:stop]
+        for j in range(n):
+            go[j] = g[j]
 
 
 @_jit
-def sgd(p, slots, n_slots, weights, weighted, codes, args, begin, end, lr):
+def sgd(p, slots, n_slots, weights, weighted, codes, args, gout, write_g,
+        begin, end, lr):
     g = numpy.empty(NUMBA_BLOCK, numpy.float32)
     for start in range(begin, end, NUMBA_BLOCK):
         n = min(NUMBA_BLOCK, end - start)
         gradient(g, n, start, p, slots, n_slots, weights, weighted, codes,
-                     args)
+                 args, gout, write_g)
         pb = p[start:start + n]
         for j in range(n):
             pb[j] = pb[j] - g[j] * lr
 
 
 @_jit
-def momentum_sgd(p, slots, n_slots, weights, weighted, codes, args, begin,
-                     end, v, lr, momentum):
+def momentum_sgd(p, slots, n_slots, weights, weighted, codes, args, gout,
+                 write_g, begin, end, v, lr, momentum):
     g = numpy.empty(NUMBA_BLOCK, numpy.float32)
     for start in range(begin, end, NUMBA_BLOCK):
         n = min(NUMBA_BLOCK, end - start)
         gradient(g, n, start, p, slots, n_slots, weights, weighted, codes,
-                     args)
+                 args, gout, write_g)
         pb = p[start:start + n]
         vb = v[start:start + n]
         for j in range(n):
@@ -115,13 +126,13 @@ def momentum_sgd(p, slots, n_slots, weights, weighted, codes, args, begin,
 
 
 @_jit
-def nesterov(p, slots, n_slots, weights, weighted, codes, args, begin, end,
-                 v, lr, momentum, k_v, k_g):
+def nesterov(p, slots, n_slots, weights, weighted, codes, args, gout,
+             write_g, begin, end, v, lr, momentum, k_v, k_g):
     g = numpy.empty(NUMBA_BLOCK, numpy.float32)
     for start in range(begin, end, NUMBA_BLOCK):
         n = min(NUMBA_BLOCK, end - start)
         gradient(g, n, start, p, slots, n_slots, weights, weighted, codes,
-                     args)
+                 args, gout, write_g)
         pb = p[start:start + n]
         vb = v[start:start + n]
         for j in range(n):
@@ -166,15 +177,15 @@ def adam_block(g, r, n, pb, mb, vb, hb, c1, c2, alpha_t, eps,
 
 
 @_jit
-def adam(p, slots, n_slots, weights, weighted, codes, args, begin, end, m, v,
-             vhat, c1, c2, alpha_t, eps, amsgrad, adabound, lower, upper,
-             decay, a, b):
+def adam(p, slots, n_slots, weights, weighted, codes, args, gout, write_g,
+         begin, end, m, v, vhat, c1, c2, alpha_t, eps, amsgrad, adabound,
+         lower, upper, decay, a, b):
     g = numpy.empty(NUMBA_BLOCK, numpy.float32)
     r = numpy.empty(NUMBA_BLOCK, numpy.float32)
     for start in range(begin, end, NUMBA_BLOCK):
         n = min(NUMBA_BLOCK, end - start)
         gradient(g, n, start, p, slots, n_slots, weights, weighted, codes,
-                     args)
+                 args, gout, write_g)
         stop = start + n
         adam_block(g, r, n, p[start:stop], m[start:stop],
                        v[start:stop], vhat[start:stop], c1, c2, alpha_t,

@@ -9,7 +9,11 @@ stays in the core's cache, the per-parameter hooks (``WeightDecay``,
 ``Lasso``, ``GradientHardClipping``) are applied to it, and the parameter and
 its state are updated, so that every slot, the parameter and each state array
 is read once and the parameter and the state are written once. The gradient
-itself is never written to memory: ``param.grad`` is left as it was.
+itself is written to memory only when asked (when anything may read the
+master's ``param.grad`` after the update): the block's final gradient, after
+the hooks and the loss scale's division, then goes out as one more write
+stream, as Chainer's rules leave it in ``param.grad``. A loss scale divides
+the gradient after the hooks, as ``UpdateRule.update`` does.
 
 The arithmetic is Chainer's, operation by operation, in the parameter's
 precision (float32), so the results equal Chainer's update rules (the tests
@@ -60,8 +64,9 @@ SLOT_TUPLE = 4
 # to other threads would cost more than it saves.
 MIN_SPLIT = 1 << 16
 
-# Hook codes of the fused gradient program (one row of ``hook_args`` each).
-_WEIGHT_DECAY, _LASSO, _HARD_CLIP = 0, 1, 2
+# Codes of the fused gradient program (one row of ``hook_args`` each): the
+# three hooks, and the division by the loss scale.
+_WEIGHT_DECAY, _LASSO, _HARD_CLIP, _UNSCALE = 0, 1, 2, 3
 
 
 def numba_available():
@@ -118,12 +123,19 @@ def rule_hooks(rule):
             list(hookable._post_update_hooks.values()))
 
 
-def hook_program(pre, post):
+def hook_program(pre, post, loss_scale=None):
     """The fused form of the optimizer's per-parameter hooks.
+
+    Chainer's optimizer hooks see the gradient as the backward left it,
+    scaled by the loss scale where one is set (``WeightDecay`` scales its
+    rate by it, ``Lasso`` and ``GradientHardClipping`` do not), and the
+    update rule divides the gradient by the scale after them: the program
+    does the same, the division last.
 
     Args:
         pre (list): The optimizer's pre-update hooks in order.
         post (list): Its post-update hooks.
+        loss_scale (float or None): The optimizer's loss scale.
 
     Returns:
         tuple or None: ``(codes, args)`` arrays (int64 codes, float32 rows of
@@ -135,8 +147,11 @@ def hook_program(pre, post):
     for hook in pre:
         kind = type(hook)
         if kind is optimizer_hooks.WeightDecay:
+            rate = hook.rate
+            if loss_scale is not None:
+                rate *= loss_scale
             codes.append(_WEIGHT_DECAY)
-            args.append((hook.rate, 0.0))
+            args.append((rate, 0.0))
         elif kind is optimizer_hooks.Lasso:
             codes.append(_LASSO)
             args.append((hook.rate, 0.0))
@@ -145,6 +160,9 @@ def hook_program(pre, post):
             args.append((hook.lower_bound, hook.upper_bound))
         else:
             return None
+    if loss_scale is not None:
+        codes.append(_UNSCALE)
+        args.append((loss_scale, 0.0))
     return (numpy.array(codes, dtype=numpy.int64),
             numpy.array(args, dtype=numpy.float32).reshape(len(codes), 2))
 
@@ -161,7 +179,7 @@ class _NumpyBlocks(object):
 
 
 def _numpy_gradient(buf, n, blk, p, slots, n_slots, weights, weighted, codes,
-                    args):
+                    args, gout, write_g):
     g, t = buf.g[:n], buf.t[:n]
     slots = slots[:n_slots]
     if weighted:
@@ -186,31 +204,37 @@ def _numpy_gradient(buf, n, blk, p, slots, n_slots, weights, weighted, codes,
             numpy.sign(p[blk], out=t)
             numpy.multiply(t, a, out=t)
             numpy.add(g, t, out=g)
-        else:
+        elif code == _HARD_CLIP:
             numpy.clip(g, a, b, out=g)
+        else:
+            numpy.divide(g, a, out=g)
+    if write_g:
+        gout[blk] = g
     return g
 
 
-def _numpy_sgd(p, slots, n_slots, weights, weighted, codes, args, begin, end,
+def _numpy_sgd(p, slots, n_slots, weights, weighted, codes, args, gout,
+                write_g, begin, end,
                lr):
     buf = _NumpyBlocks()
     for start in range(begin, end, NUMPY_BLOCK):
         n = min(NUMPY_BLOCK, end - start)
         blk = slice(start, start + n)
         g = _numpy_gradient(buf, n, blk, p, slots, n_slots, weights,
-                            weighted, codes, args)
+                            weighted, codes, args, gout, write_g)
         numpy.multiply(g, lr, out=g)
         numpy.subtract(p[blk], g, out=p[blk])
 
 
-def _numpy_momentum(p, slots, n_slots, weights, weighted, codes, args, begin,
+def _numpy_momentum(p, slots, n_slots, weights, weighted, codes, args, gout,
+                write_g, begin,
                     end, v, lr, momentum):
     buf = _NumpyBlocks()
     for start in range(begin, end, NUMPY_BLOCK):
         n = min(NUMPY_BLOCK, end - start)
         blk = slice(start, start + n)
         g = _numpy_gradient(buf, n, blk, p, slots, n_slots, weights,
-                            weighted, codes, args)
+                            weighted, codes, args, gout, write_g)
         vb, t = buf.u[:n], buf.t[:n]
         numpy.multiply(v[blk], momentum, out=vb)
         numpy.multiply(g, lr, out=t)
@@ -218,14 +242,15 @@ def _numpy_momentum(p, slots, n_slots, weights, weighted, codes, args, begin,
         numpy.add(p[blk], v[blk], out=p[blk])
 
 
-def _numpy_nesterov(p, slots, n_slots, weights, weighted, codes, args, begin,
+def _numpy_nesterov(p, slots, n_slots, weights, weighted, codes, args, gout,
+                write_g, begin,
                     end, v, lr, momentum, k_v, k_g):
     buf = _NumpyBlocks()
     for start in range(begin, end, NUMPY_BLOCK):
         n = min(NUMPY_BLOCK, end - start)
         blk = slice(start, start + n)
         g = _numpy_gradient(buf, n, blk, p, slots, n_slots, weights,
-                            weighted, codes, args)
+                            weighted, codes, args, gout, write_g)
         vb, t = buf.u[:n], buf.t[:n]
         numpy.multiply(v[blk], momentum, out=vb)
         numpy.multiply(g, lr, out=t)
@@ -238,7 +263,8 @@ def _numpy_nesterov(p, slots, n_slots, weights, weighted, codes, args, begin,
         numpy.subtract(vb, t, out=pb)
 
 
-def _numpy_adam(p, slots, n_slots, weights, weighted, codes, args, begin, end,
+def _numpy_adam(p, slots, n_slots, weights, weighted, codes, args, gout,
+                write_g, begin, end,
                 m, v, vhat, c1, c2, alpha_t, eps, amsgrad, adabound, lower,
                 upper, decay, a, b):
     buf = _NumpyBlocks()
@@ -246,7 +272,7 @@ def _numpy_adam(p, slots, n_slots, weights, weighted, codes, args, begin, end,
         n = min(NUMPY_BLOCK, end - start)
         blk = slice(start, start + n)
         g = _numpy_gradient(buf, n, blk, p, slots, n_slots, weights,
-                            weighted, codes, args)
+                            weighted, codes, args, gout, write_g)
         t, u = buf.t[:n], buf.u[:n]
         mb, vb = m[blk], v[blk]
         numpy.subtract(g, mb, out=t)
@@ -553,12 +579,13 @@ class HostUpdate(object):
         codes, args = hook_program([], [])
         slots = (param.grad,) * SLOT_TUPLE
         self._kernel(param.array, slots, 1,
-                     numpy.ones(1, numpy.float32), False, codes, args, 0, 1,
-                     *(state + scalars))
+                     numpy.ones(1, numpy.float32), False, codes, args,
+                     param.grad, True, 0, 1, *(state + scalars))
 
-    def hooks(self, pre, post):
-        """The fused hook program for these optimizer hooks, or None."""
-        return hook_program(pre, post)
+    def hooks(self, pre, post, loss_scale=None):
+        """The fused hook program for these optimizer hooks (and the loss
+        scale), or None."""
+        return hook_program(pre, post, loss_scale)
 
     def partition(self, params, slots):
         """Splits parameter names into (fused, Chainer's path).
@@ -580,7 +607,7 @@ class HostUpdate(object):
                 other.append(name)
         return fused, other
 
-    def update(self, params, slots, weights, weighted, program):
+    def update(self, params, slots, weights, weighted, program, grads=None):
         """Sums, hooks and updates each parameter in one pass.
 
         Args:
@@ -593,16 +620,26 @@ class HostUpdate(object):
             weighted (bool): ``sum(w * slot)`` (unequal shares) rather than
                 ``w * sum(slot)``.
             program (tuple): From :meth:`hooks`.
+            grads (list of numpy.ndarray or None): Per parameter, where to
+                store the gradient the update used (after the hooks and the
+                loss scale's division; float32, C-contiguous, the
+                parameter's size), as Chainer's rules leave it in
+                ``param.grad``; None stores nothing.
         """
         codes, args = program
         weights = numpy.asarray(weights, dtype=numpy.float32)
         weighted = bool(weighted)
         kernel = self._kernel
         jobs = []
-        for param, grads in zip(params, slots):
+        write = grads is not None
+        outs = grads if write else [None] * len(params)
+        for param, inputs, out in zip(params, slots, outs):
             state, scalars = self.fused_rule.scalars(param.update_rule)
             p = param.array.reshape(-1)
-            flat = tuple(g.reshape(-1) for g in grads)
+            # Without a destination the kernel gets the parameter, unwritten
+            # there, so that numba compiles one signature.
+            gout = out.reshape(-1) if write else p
+            flat = tuple(g.reshape(-1) for g in inputs)
             n_slots = len(flat)
             if n_slots < SLOT_TUPLE:
                 # numba compiles a kernel per tuple length: padding to one
@@ -610,7 +647,8 @@ class HostUpdate(object):
                 flat += (flat[0],) * (SLOT_TUPLE - n_slots)
             state = tuple(s.reshape(-1) for s in state)
             jobs.append((_Job(kernel, p, flat, n_slots, weights, weighted,
-                              codes, args, state, scalars), p.size))
+                              codes, args, gout, write, state, scalars),
+                         p.size))
         self._pool.run(jobs, self._block)
 
     def close(self):
@@ -622,9 +660,10 @@ class _Job(object):
     """One parameter's kernel call over a range of its elements."""
 
     def __init__(self, kernel, p, slots, n_slots, weights, weighted, codes,
-                 args, state, scalars):
+                 args, gout, write, state, scalars):
         self.kernel = kernel
-        self.head = (p, slots, n_slots, weights, weighted, codes, args)
+        self.head = (p, slots, n_slots, weights, weighted, codes, args, gout,
+                     write)
         self.tail = state + scalars
 
     def __call__(self, begin, end):
@@ -785,16 +824,24 @@ class FusedBench(object):
             self.optimizer, n_threads=self._n_threads, backend=backend)
         return other
 
-    def fused_step(self, n_slots=None):
+    def fused_step(self, n_slots=None, write_grads=False):
         """One fused reduce ('mean') and update of every parameter.
 
         Args:
             n_slots (int or None): Slots summed (default: all).
+            write_grads (bool): Also store each gradient in ``param.grad``,
+                as the accumulator does when anything may read it.
         """
         n = n_slots or self.n_slots
         self.optimizer.t += 1
-        self.host_update.update(self.params, [s[:n] for s in self.slots],
-                                [1.0 / n] * n, False, self._program)
+        self.host_update.update(
+            self.params, [s[:n] for s in self.slots], [1.0 / n] * n, False,
+            self._program,
+            grads=[p.grad for p in self.params] if write_grads else None)
+
+    def fused_step_writing_grads(self, n_slots=None):
+        """:meth:`fused_step` that also writes ``param.grad``."""
+        self.fused_step(n_slots, write_grads=True)
 
     def chainer_step(self, n_slots=None):
         """The same through the accumulator's block reduction into

@@ -24,6 +24,7 @@ import copy
 import numpy
 
 from chainer.training import extensions
+from chainer.training import triggers
 
 
 class MasterStructure(object):
@@ -167,6 +168,68 @@ def reads_and_writes(extension):
     return True, True
 
 
+# Extensions that never read a parameter's gradient: they read
+# observations, hyperparameters, the parameters' values or run forwards.
+# ParameterStatistics and VariableStatisticsPlot read gradients; so may any
+# other extension, or the function given to observe_value.
+_GRADIENT_BLIND = (
+    extensions.LogReport, extensions.PrintReport, extensions.ProgressBar,
+    extensions.PlotReport, extensions.MicroAverage,
+    extensions.ExponentialShift, extensions.InverseShift,
+    extensions.LinearShift, extensions.MultistepShift,
+    extensions.PolynomialShift, extensions.StepShift, extensions.WarmupShift,
+    extensions.FailOnNonNumber, extensions.Evaluator, extensions.DumpGraph,
+    type(extensions.snapshot()),
+)
+
+
+def reads_gradients(extension):
+    """Whether ``extension`` may read the model's ``param.grad``. Only
+    Chainer's own extensions, by exact type, are known not to (and
+    ``observe_lr``'s); any other may."""
+    if type(extension) in _GRADIENT_BLIND:
+        return False
+    return not _is_observe_lr(extension)
+
+
+def _is_observe_lr(extension):
+    # observe_lr is observe_value with a function of its own that reads the
+    # learning rate; Chainer names neither, so they are known by name.
+    if getattr(extension, '__qualname__', None) != \
+            'observe_value.<locals>._observe_value':
+        return False
+    for cell in getattr(extension, '__closure__', None) or ():
+        target = cell.cell_contents
+        if callable(target) and getattr(target, '__qualname__', '') \
+                .startswith('observe_lr.<locals>.'):
+            return True
+    return False
+
+
+def stops_after(trigger, iteration, epoch_detail):
+    """Whether a Trainer's stop trigger will fire when the loop evaluates it
+    next, after the update now running, or None where that cannot be known
+    without calling it (any trigger but Chainer's ``IntervalTrigger``).
+
+    Args:
+        trigger: The Trainer's ``stop_trigger``.
+        iteration (int): The updater's iteration after this update.
+        epoch_detail (float): Its epoch detail after this update.
+    """
+    if type(trigger) is not triggers.IntervalTrigger:
+        return None
+    # IntervalTrigger.__call__'s arithmetic, without its side effects.
+    if trigger.unit == 'epoch':
+        previous = trigger._previous_epoch_detail
+        if previous < 0:
+            return True  # a resumed trigger guessing its past: be safe
+        return previous // trigger.period != epoch_detail // trigger.period
+    previous = trigger._previous_iteration
+    if previous < 0:
+        previous = iteration - 1
+    return previous // trigger.period != iteration // trigger.period
+
+
 class TrainerWatch(object):
     """Follows a Trainer's extensions through their triggers.
 
@@ -216,6 +279,30 @@ class TrainerWatch(object):
         self._written = False
         self._wrap_triggers()
         return in_loop, written or not in_loop
+
+    def gradients_wanted(self, in_loop, iteration, epoch_detail):
+        """Whether the update now running must leave its gradient in the
+        master's ``param.grad``: unless inside :meth:`set_unattended`, or
+        inside a Trainer's loop whose extensions are all known not to read
+        gradients and whose stop trigger is known not to end the loop after
+        this update (code after the loop may read them).
+
+        Args:
+            in_loop (bool): What :meth:`start_update` returned first.
+            iteration (int): The updater's iteration after this update.
+            epoch_detail (float): Its epoch detail after this update.
+        """
+        if self._unattended:
+            return False
+        if not in_loop or self._trainer is None:
+            return True
+        trainer = self._trainer
+        # Chainer's Trainer has no public accessor for its entries.
+        for entry in trainer._extensions.values():
+            if reads_gradients(entry.extension):
+                return True
+        stops = stops_after(trainer.stop_trigger, iteration, epoch_detail)
+        return stops is None or stops
 
     def _wrap_triggers(self):
         if self._trainer is None:

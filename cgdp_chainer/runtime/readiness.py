@@ -20,11 +20,12 @@ On top of the ready order:
 - :class:`ChunkWaitHook` makes the next forward of a layer wait only for its
   own chunk's new weights; :class:`ParameterUses` finds, in the first
   forward, parameters used outside their own link, for the hook to cover.
-- :func:`refuse_loss_scaling` and the traversal's own checks refuse what a
-  per-parameter hand-over cannot support (``F.forget``, a gradient set
-  behind the traversal, loss scaling). A loss whose graph holds the graph of
-  an earlier backward (``chainer.grad(..., enable_double_backprop=True)``,
-  a gradient penalty) is an ordinary graph to the traversal and works.
+- The traversal's own checks refuse what a per-parameter hand-over cannot
+  support (``F.forget``, a gradient set behind the traversal). Loss
+  scaling works as in ``loss.backward(loss_scale=...)``. A loss whose graph
+  holds the graph of an earlier backward (``chainer.grad(...,
+  enable_double_backprop=True)``, a gradient penalty) is an ordinary graph
+  to the traversal and works.
 - :func:`initialize_from_first_batch` initializes lazy parameters exactly as
   ``StandardUpdater`` would.
 """
@@ -123,14 +124,14 @@ class ReadinessBackward(object):
         """tuple of str: The watched parameter names, in the given order."""
         return tuple(name for name, _ in self._params)
 
-    def backward(self, loss, on_ready, retain_grad=False):
-        """Runs ``loss.backward(retain_grad)``, reporting ready parameters.
+    def backward(self, loss, on_ready, retain_grad=False, loss_scale=None):
+        """``loss.backward(retain_grad, loss_scale)``, reporting each
+        parameter once ready.
 
         Sets exactly the gradients ``loss.backward()`` sets, in the same
         order of accumulation (so bitwise the same), accumulating into a
         gradient a parameter already has, and freeing intermediate gradients
-        unless ``retain_grad``. Function hooks run as in
-        ``loss.backward()``.
+        unless ``retain_grad``. Function hooks run as in ``backward()``.
 
         Args:
             loss (chainer.Variable): The variable to backpropagate from; a
@@ -146,6 +147,9 @@ class ReadinessBackward(object):
                 calling thread; an exception from it stops the backward
                 and propagates.
             retain_grad (bool): As in ``Variable.backward``.
+            loss_scale (float or None): As in ``Variable.backward``: it
+                multiplies a gradient started from ones; each leaf given a
+                gradient records it (``_loss_scale``, for the update rule).
 
         Returns:
             BackwardReport: The ready order and the unused names.
@@ -166,7 +170,7 @@ class ReadinessBackward(object):
         # Counting first refuses an unsupported graph before any work.
         consumers = _count_consumers(loss.node, names_of)
 
-        _start_gradient(loss)
+        loss_scale = _start_gradient(loss, loss_scale)
         root = loss.node
         root_grad = loss.grad_var
         loss.grad_var = None
@@ -187,12 +191,14 @@ class ReadinessBackward(object):
             if param.grad_var is not None:
                 raise UnsupportedGraphError(_outside_message(name))
             param.grad_var = grad
+            param._loss_scale = loss_scale
             for name in names_of[node]:
                 order.append(name)
                 on_ready(name, True)
 
         with chainer.using_config('enable_backprop', False):
-            _traverse(root, root_grad, retain_grad, consumers, ready)
+            _traverse(root, root_grad, retain_grad, consumers, ready,
+                      loss_scale)
 
         for name, grad in unused_grads.items():
             if params_of[name].grad_var is not grad:
@@ -220,9 +226,12 @@ def _outside_message(name):
             name))
 
 
-def _start_gradient(loss):
-    # As Variable.backward: a one-element loss without a gradient starts
-    # from ones.
+def _start_gradient(loss, loss_scale=None):
+    """As Variable.backward: a one-element loss without a gradient starts
+    from ones, times the loss scale; returns the scale as a float (or
+    None)."""
+    if loss_scale:
+        loss_scale = float(loss_scale)
     if loss.array.size == 1 and loss.grad_var is None:
         if loss.array.ndim != 0:
             warnings.warn(
@@ -232,6 +241,9 @@ def _start_gradient(loss):
                 DeprecationWarning)
         with chainer.using_device(loss.device):
             loss.grad = loss.device.xp.ones_like(loss.array)
+        if loss_scale is not None:
+            loss.grad *= loss_scale
+    return loss_scale
 
 
 def _count_consumers(root, names_of):
@@ -270,7 +282,8 @@ def _count_consumers(root, names_of):
     return counts
 
 
-def _traverse(root, root_grad, retain_grad, consumers, ready):
+def _traverse(root, root_grad, retain_grad, consumers, ready,
+              loss_scale=None):
     """Chainer 7.8.1's ``_backprop_to_all`` for one output, handing each
     watched leaf to ``ready(node, grad)`` after its last consumer.
 
@@ -278,15 +291,17 @@ def _traverse(root, root_grad, retain_grad, consumers, ready):
     every gradient is accumulated in the same order as in
     ``loss.backward()``.
     """
-    _Traversal(retain_grad, consumers, ready).run(root, root_grad)
+    _Traversal(retain_grad, consumers, ready, loss_scale).run(root,
+                                                              root_grad)
 
 
 class _Traversal(object):
     """The state of one :func:`_traverse`: candidate functions by rank, the
     gradient table, and the consumers each watched leaf still waits for."""
 
-    def __init__(self, retain_grad, consumers, ready):
+    def __init__(self, retain_grad, consumers, ready, loss_scale=None):
         self.retain_grad = retain_grad
+        self.loss_scale = loss_scale
         self.remaining = dict(consumers)
         self.ready = ready
         self.cand_funcs = []
@@ -400,38 +415,13 @@ class _Traversal(object):
             gx = self.grads.pop(x)
             if x_var is not None:
                 x_var.grad_var = gx
+                x_var._loss_scale = self.loss_scale
         # Watched parameters whose consumers were never visited (a gradient
         # of None cut their branch off) are final now, as in
         # loss.backward().
         for x in list(self.remaining):
             self.ready(x, self.grads.pop(x))
         self.grads.assert_no_grads()
-
-
-def refuse_loss_scaling(optimizer):
-    """Refuses an optimizer set up for loss scaling.
-
-    Loss scaling divides each gradient by the scale inside the update rule,
-    reading a per-parameter factor that only ``Variable.backward(
-    loss_scale=...)`` sets; the readiness backward does not scale.
-
-    Args:
-        optimizer (chainer.Optimizer): The optimizer to check.
-
-    Raises:
-        ValueError: ``optimizer.loss_scaling()`` or ``set_loss_scale()``
-            was called on it (``StandardUpdater(loss_scale=...)`` does the
-            latter).
-    """
-    # Chainer has no public getter; ``_loss_scale`` is the class attribute
-    # (None) that loss_scaling() overrides, in the pinned 7.8.1.
-    scale = getattr(optimizer, '_loss_scale', None)
-    if scale is not None:
-        raise ValueError(
-            'loss scaling is not supported by the readiness backward: the '
-            'optimizer has loss_scale {} (set by loss_scaling(), '
-            'set_loss_scale() or an updater\'s loss_scale); use an optimizer '
-            'without loss scaling'.format(scale))
 
 
 class ChunkPlan(object):

@@ -140,9 +140,9 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     where they draw from it, a warning names the ways out.
 
     Not supported, and refused at the first iteration: ``F.forget`` (its
-    backward recomputes the forward behind the per-layer hand-over) and
-    loss scaling; refused when the updater is built: ``@static_graph``
-    models (their schedule replays the whole backward as one node).
+    backward recomputes the forward behind the per-layer hand-over); refused
+    when the updater is built: ``@static_graph`` models (their schedule
+    replays the whole backward as one node).
 
     It takes the call forms of Chainer's multi-device updaters, so that
     switching a script is one line: ``ParallelUpdater``'s (one iterator,
@@ -210,6 +210,9 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             numbers and None among them; the model gets the same containers.
         loss_func (callable): ``loss_func(*in_arrays)`` returns the loss,
             as in ``StandardUpdater``; by default the target itself.
+        loss_scale (float or None): Loss scaling factor, as in
+            ``StandardUpdater`` (``optimizer.set_loss_scale(loss_scale)``);
+            ``optimizer.loss_scaling()`` (dynamic) works too.
         timeline (cgdp_chainer.Timeline): Records every event if given.
         blas_threads (int or None): BLAS threads of each ``'@numpy'``
             replica; default: CPU cores divided by the CPU replicas.
@@ -234,7 +237,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                  reduction=None, converter=convert.concat_examples,
                  loss_func=None, timeline=None, blas_threads=None,
                  host_threads=None, mpi_comm=None, auto_new_epoch=True,
-                 workers='process', start_method='spawn', chunk_bytes=None):
+                 workers='process', start_method='spawn', chunk_bytes=None,
+                 loss_scale=None):
         _check_arguments(reduction, timeline, blas_threads, host_threads,
                          workers, start_method, converter, loss_func)
         self._devices = devices_module.parse_devices(devices)
@@ -246,7 +250,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             iterator = _iterator_names(self._device_iterators)
         super(CGDPUpdater, self).__init__(
             iterator, optimizer, converter=converter, loss_func=loss_func,
-            auto_new_epoch=auto_new_epoch)
+            loss_scale=loss_scale, auto_new_epoch=auto_new_epoch)
         self.reduction = reduction if reduction is not None else \
             default_reduction(devices, self._device_iterators is not None)
         self.timeline = timeline
@@ -262,7 +266,6 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                 'every device needs at least one example'.format(
                     batch_size, len(self._devices)))
         optimizer = self.get_optimizer('main')
-        readiness.refuse_loss_scaling(optimizer)
         master = optimizer.target
         master.to_device('@numpy')
         self._names = [name for name, _ in master.namedparams()]
@@ -286,6 +289,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         optimizer, self._mpi_comm = mpi.host_optimizer_and_comm(
             optimizer, mpi_comm)
         self._optimizers['main'] = optimizer
+        if loss_scale is not None:
+            optimizer.set_loss_scale(loss_scale)  # the one CGDP runs
         self._allreducer = None
         channels.check_replicable(master, loss_func, workers)
         self._failures = accumulator_module.FailureBox()
@@ -545,7 +550,10 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         start = timeline.now() if timeline is not None else None
         forming = self._plan is None
         jobs = self._jobs(n, forming, send_persistents=not in_loop)
-        self._accumulator.start_iteration(self.iteration, shares)
+        self._accumulator.start_iteration(
+            self.iteration, shares,
+            write_grads=self._watch.gradients_wanted(
+                in_loop, self.iteration + 1, self.epoch_detail))
         search_start = time.perf_counter()
         with self._replica_random_scope() as shared_random:
             results = self._replicas.run(jobs, inputs)
@@ -610,7 +618,9 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             record_events=self.timeline is not None,
             send_persistents=(i == 0 and self._has_persistents and
                               send_persistents),
-            persistents=refresh, config=config) for i in range(n)]
+            persistents=refresh, config=config,
+            loss_scale=self.get_optimizer('main')._loss_scale)
+            for i in range(n)]
 
     def _replica_seed(self, index, global_numpy=None):
         """The :class:`~cgdp_chainer.randomness.ReplicaSeed` of replica
@@ -726,6 +736,14 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         self.sync_persistents()
 
     @property
+    def grads_written(self):
+        """How many ``update()`` calls left their gradient in the master's
+        ``param.grad`` (those after which anything may read it)."""
+        if self._accumulator is None:
+            return 0
+        return self._accumulator.grads_written
+
+    @property
     def persistents_fetches(self):
         """How many times the first replica's persistent values were
         copied into the master."""
@@ -779,7 +797,6 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         """
         optimizer = self.get_optimizer('main')
         master = optimizer.target
-        readiness.refuse_loss_scaling(optimizer)
         host = chainer.get_device('@numpy')
         first_reports = None
         if readiness.has_uninitialized_params(master) or \

@@ -31,7 +31,8 @@ from cgdp_chainer.runtime import shared
 
 Job = collections.namedtuple(
     'Job', ('iteration', 'seed', 'plan', 'fingerprint', 'record_events',
-            'send_persistents', 'persistents', 'config'))
+            'send_persistents', 'persistents', 'config', 'loss_scale'),
+    defaults=(None,))
 Job.__doc__ = """What a replica needs for one iteration.
 
 Attributes:
@@ -56,6 +57,8 @@ Attributes:
         ``dtype``, ...; see :func:`caller_config`), applied for the
         iteration, so that ``with chainer.using_config('train', False):
         updater.update()`` means the same in every replica.
+    loss_scale (float or None): The optimizer's loss scale this iteration:
+        the backward starts from it, as ``loss.backward(loss_scale=...)``.
 """
 
 # Settings of chainer.config that a replica takes over from the caller;
@@ -240,7 +243,8 @@ class ReplicaWorker(object):
 
         chunks = readiness.ChunkReadiness(plan, hand_over)
         chunks.start()
-        report = self.backward.backward(loss, chunks)
+        report = self.backward.backward(loss, chunks,
+                                        loss_scale=job.loss_scale)
         if not chunks.complete:  # every parameter is reported once
             raise RuntimeError('the readiness backward left chunks '
                                'undelivered')
