@@ -13,12 +13,15 @@ from chainer.training.updaters import standard_updater
 import numpy
 
 from cgdp_chainer.runtime import accumulator as accumulator_module
+from cgdp_chainer.runtime import batches as batches_module
 from cgdp_chainer import blas
 from cgdp_chainer import devices as devices_module
 from cgdp_chainer.runtime import channels
 from cgdp_chainer.runtime import device_view
 from cgdp_chainer.runtime import master as master_module
+from cgdp_chainer.runtime import observations
 from cgdp_chainer.runtime import readiness
+from cgdp_chainer.runtime import shared
 from cgdp_chainer.runtime import worker as worker_module
 
 REDUCTIONS = ('mean', 'sum')
@@ -215,9 +218,12 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                  reduction=None, converter=convert.concat_examples,
                  loss_func=None, timeline=None, blas_threads=None,
                  host_threads=None, mpi_comm=None, auto_new_epoch=True,
-                 workers='process', start_method='spawn', chunk_bytes=None):
+                 workers='process', start_method='spawn', chunk_bytes=None,
+                 report_kinds=None):
         _check_arguments(reduction, timeline, blas_threads, host_threads,
                          workers, start_method, converter, loss_func)
+        observations.check_report_kinds(report_kinds)
+        self._report_kinds = observations.ReportKinds(report_kinds)
         self._devices = devices_module.parse_devices(devices)
         # One iterator per device (MultiprocessParallelUpdater's form), or
         # None: the devices split the 'main' iterator's batch.
@@ -228,6 +234,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         super(CGDPUpdater, self).__init__(
             iterator, optimizer, converter=converter, loss_func=loss_func,
             auto_new_epoch=auto_new_epoch)
+        # None until the first iteration finds it from the loss.
         self.reduction = reduction if reduction is not None else \
             default_reduction(devices, self._device_iterators is not None)
         self.timeline = timeline
@@ -267,6 +274,9 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         optimizer, self._mpi_comm = mpi.host_optimizer_and_comm(
             optimizer, mpi_comm)
         self._optimizers['main'] = optimizer
+        if self.reduction is None and len(self._devices) == 1 and \
+                self._mpi_comm is None:
+            self.reduction = 'mean'  # one device: 'sum' weighs it alike
         self._allreducer = None
         if workers == 'process':
             channels.check_picklable(master, loss_func)
@@ -510,17 +520,15 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         if self._replicas is not None:
             self._take_user_edits(edited)
         iterator = self.get_iterator('main')
-        batches, batch = self._next_batches()
+        batch = self._next_batches()
         n = len(self._devices)
-        host = chainer.get_device('@numpy')
         first_reports = None
         if self._replicas is None:
-            first_reports = self._start(batch, batches[0])
-        inputs = [convert._call_converter(self.converter, share, host)
-                  for share in batches]
+            first_reports = self._start(batch)
+        inputs = batch.inputs
         # Each device's weight in 'mean': its fraction of the examples (the
         # iterators of the list form may give batches of different sizes).
-        shares = [len(share) / len(batch) for share in batches]
+        shares = batch.shares
 
         timeline = self.timeline
         start = timeline.now() if timeline is not None else None
@@ -541,7 +549,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self._load_replica_persistents(results[0].persistents)
         else:
             self._persistents_stale = self._has_persistents
-        self._report([r.observation for r in results], shares)
+        self._report([r.observation for r in results], batch.counts)
         if first_reports:
             chainer.report(first_reports)
         if timeline is not None:
@@ -675,38 +683,34 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         self._persistents_fetches += 1
 
     def _next_batches(self):
-        """This iteration's examples.
+        """This iteration's examples: the 'main' iterator's batch split over
+        the devices, or each iterator's batch in the list form, in any form
+        the iterators return (see :mod:`~cgdp_chainer.runtime.batches`).
 
         Returns:
-            tuple: The examples of each device (a share of the 'main'
-            iterator's batch, or each iterator's batch in the list form),
-            and the whole batch (for the first iteration's forward on the
-            master).
+            Batch: Each device's converted share, its examples and the
+            whole batch.
         """
-        n = len(self._devices)
-        if self._device_iterators is None:
-            batch = self.get_iterator('main').next()
-            if len(batch) < n:
-                raise ValueError(
-                    'the batch has {} examples, fewer than the {} '
-                    'devices'.format(len(batch), n))
-            return [batch[i::n] for i in range(n)], batch
-        batches = [list(it.next()) for it in self._device_iterators]
-        for index, share in enumerate(batches):
-            if not share:
-                raise ValueError('the iterator of device {} gave an empty '
-                                 'batch'.format(index))
-        return batches, [example for share in batches for example in share]
+        host = chainer.get_device('@numpy')
 
-    def _start(self, batch, sample):
-        """Initializes lazy parameters, checks the MPI ranks, chooses the
-        chunk size if a chooser is waiting, then builds the replicas, the
-        host accumulator and starts the workers.
+        def convert_on_host(examples):
+            return convert._call_converter(self.converter, examples, host)
+
+        if self._device_iterators is None:
+            return batches_module.from_iterator_batch(
+                self.get_iterator('main').next(), len(self._devices),
+                convert_on_host)
+        return batches_module.from_device_batches(
+            [it.next() for it in self._device_iterators], convert_on_host)
+
+    def _start(self, batch):
+        """Initializes lazy parameters, checks the MPI ranks, finds how
+        reported values combine and (unless given) the reduction, chooses
+        the chunk size if a chooser is waiting, then builds the replicas,
+        the host accumulator and starts the workers.
 
         Args:
-            batch (list): The whole first batch.
-            sample (list): The first device's examples (for the chooser's
-                profile).
+            batch (Batch): The first batch.
 
         Returns:
             dict: Values with their graphs to report for the first iteration
@@ -715,12 +719,10 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         optimizer = self.get_optimizer('main')
         master = optimizer.target
         readiness.refuse_loss_scaling(optimizer)
-        host = chainer.get_device('@numpy')
         first_reports = None
         if readiness.has_uninitialized_params(master) or \
                 chainer.config.keep_graph_on_report:
-            first_reports = self._forward_on_master(
-                convert._call_converter(self.converter, batch, host))
+            first_reports = self._forward_on_master(batch.whole_inputs)
             master.to_device('@numpy')
         if self._mpi_comm is not None:
             from cgdp_chainer import mpi
@@ -729,14 +731,14 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             # copied from the master.
             mpi.broadcast_parameters(self._mpi_comm, master)
             self._allreducer = mpi.ChunkAllreducer(self._mpi_comm)
+        self._find_kinds(batch)
         if self.timeline is not None:
             self.timeline.name_tracks(
                 ['replica {} {}'.format(index, devices_module.spec_of(device))
                  for index, device in enumerate(self._devices)],
                 rank=getattr(self._allreducer, 'rank', None))
         if self._chooser is not None:
-            self._choose_chunk_size(master, convert._call_converter(
-                self.converter, sample, host))
+            self._choose_chunk_size(master, _copied(batch.inputs[0]))
         self._structure = master_module.MasterStructure(master)
         self._persistents = master_module.PersistentsRecord(master)
         if self.workers == 'process':
@@ -790,21 +792,83 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             graphs['main/loss'] = loss
         return graphs
 
-    def _report(self, observations, shares):
-        totals = {}
-        dtypes = {}
-        for observation, share in zip(observations, shares):
-            for key, value in observation.items():
-                if isinstance(value, numpy.ndarray):
-                    dtypes[key] = value.dtype
-                    value = value.astype(numpy.float64)
-                totals[key] = totals.get(key, 0.0) + share * value
-        for key, dtype in dtypes.items():
-            # A Variable, as the model reported it (without its graph, as
-            # the Reporter keeps it by default).
-            totals[key] = chainer.Variable(numpy.asarray(totals[key],
-                                                         dtype=dtype))
-        chainer.report(totals)
+    def _find_kinds(self, batch):
+        """The first iteration's comparisons, before any update: how each
+        reported key combines over the replicas and, unless given, the
+        reduction, from deterministic forwards of the master on the whole
+        batch and on each device's share (on one device under MPI, on two
+        halves of its batch, for the reduction only); see
+        :mod:`~cgdp_chainer.runtime.observations`.
+
+        Raises:
+            ValueError: The loss's reduction cannot be told, or MPI ranks
+                found different ones; or a reported value cannot be
+                combined from the replicas.
+        """
+        n = len(self._devices)
+        if n < 2 and self.reduction is not None:
+            return
+        split = (batch.inputs, batch.counts) if n >= 2 else batch.split(2)
+        comparison = None
+        if split is not None:
+            parts, counts = split
+            forwards = observations.probe_forwards(
+                self.get_optimizer('main').target, self.loss_func,
+                [_copied(batch.whole_inputs)] + [_copied(p) for p in parts])
+            whole, shares = forwards[0], forwards[1:]
+            if n >= 2:
+                self._report_kinds.learn(
+                    whole.observation, [f.observation for f in shares],
+                    counts)
+                self._say('CGDP reported values, combined over the {} '
+                          'replicas as the whole batch reports them: {}'
+                          .format(n, self._report_kinds.describe(
+                              whole.observation)))
+            comparison = observations.compare(
+                whole.loss, [f.loss for f in shares], counts)
+        if self.reduction is None:
+            self.reduction = self._agree_on_reduction(comparison)
+
+    def _agree_on_reduction(self, comparison):
+        """The reduction the loss's comparison found, the same on every MPI
+        rank.
+
+        Args:
+            comparison (Comparison or None): The loss of the whole batch
+                against its shares' (None: a batch of one example on one
+                device, which cannot be split).
+
+        Raises:
+            ValueError: It cannot be told, or the ranks disagree.
+        """
+        found = comparison.kind if comparison is not None else None
+        code = _REDUCTION_CODES.get(found, 0)
+        low = high = code
+        if self._allreducer is not None:
+            low = self._allreducer.allreduce_int(code, op='min')
+            high = self._allreducer.allreduce_int(code, op='max')
+        if low == high and code:
+            self._say('CGDP reduction: {!r}, found at the first iteration: '
+                      '{} (reduction= skips this check)'.format(
+                          found, observations.describe_loss(comparison)))
+            return found
+        raise ValueError(observations.reduction_refusal(
+            comparison, other_ranks=code != 0))
+
+    def _say(self, line):
+        """Prints a line of the run's log (once, on rank 0 under MPI)."""
+        if self._allreducer is None or self._allreducer.rank == 0:
+            print(line, flush=True)
+
+    def _report(self, reported, counts):
+        """Reports the replicas' observations as the whole batch's.
+
+        Args:
+            reported (list of dict): Each replica's observation.
+            counts (list of int): Each replica's examples.
+        """
+        chainer.report(observations.combine_all(reported, counts,
+                                                self._report_kinds))
 
     def _choose_chunk_size(self, master, sample_inputs):
         device = self._devices[0]
@@ -891,6 +955,16 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self._allreducer.close()
 
 
+# The reductions as integers, for agreeing across MPI ranks (0: not found).
+_REDUCTION_CODES = {'mean': 1, 'sum': 2}
+
+
+def _copied(in_arrays):
+    """A converter's output with copies of its arrays: the first
+    iteration's extra forwards must not touch what the replicas train on."""
+    return shared.map_arrays(numpy.copy, in_arrays)
+
+
 def _size_words(n_bytes):
     for unit, size in (('GiB', 1 << 30), ('MiB', 1 << 20), ('KiB', 1 << 10)):
         if n_bytes >= size:
@@ -916,14 +990,17 @@ def default_reduction(devices, iterator_list):
         iterator_list (bool): Whether one iterator per device was given.
 
     Returns:
-        str: ``'mean'`` for one iterator per device (the result of
-        ``MultiprocessParallelUpdater`` without its changes to the
-        hyperparameters) and for a list of devices (``StandardUpdater``'s);
-        ``'sum'`` for a dict of devices (``ParallelUpdater``'s).
+        str or None: ``'sum'`` for one iterator with a dict of devices
+        (``ParallelUpdater``'s arithmetic); None otherwise (a list of
+        devices, or one iterator per device): the reduction that gives
+        ``StandardUpdater``'s result on the whole batch (the concatenated
+        batches in the list form), found from the loss at the first
+        iteration (``'mean'`` for a mean over the examples, ``'sum'`` for a
+        loss that adds up over them).
     """
     if not iterator_list and isinstance(devices, dict):
         return 'sum'
-    return 'mean'
+    return None
 
 
 ITERATOR_FORMS = ('a chainer.dataset.Iterator, a dict of them with a '
