@@ -193,9 +193,13 @@ class ReportKinds(object):
 
     Args:
         overrides (dict or None): Key to kind, as the user gave them.
+
+    Raises:
+        ValueError: ``overrides`` is not a dict of keys to kinds.
     """
 
     def __init__(self, overrides=None):
+        check_report_kinds(overrides)
         self._overrides = dict(overrides or {})
         self._found = collections.OrderedDict()   # key -> kind
         self._untold = collections.OrderedDict()  # key -> why

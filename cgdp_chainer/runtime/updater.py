@@ -222,7 +222,6 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                  report_kinds=None):
         _check_arguments(reduction, timeline, blas_threads, host_threads,
                          workers, start_method, converter, loss_func)
-        observations.check_report_kinds(report_kinds)
         self._report_kinds = observations.ReportKinds(report_kinds)
         self._devices = devices_module.parse_devices(devices)
         # One iterator per device (MultiprocessParallelUpdater's form), or
@@ -234,7 +233,6 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         super(CGDPUpdater, self).__init__(
             iterator, optimizer, converter=converter, loss_func=loss_func,
             auto_new_epoch=auto_new_epoch)
-        # None until the first iteration finds it from the loss.
         self.reduction = reduction if reduction is not None else \
             default_reduction(devices, self._device_iterators is not None)
         self.timeline = timeline
@@ -274,9 +272,6 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         optimizer, self._mpi_comm = mpi.host_optimizer_and_comm(
             optimizer, mpi_comm)
         self._optimizers['main'] = optimizer
-        if self.reduction is None and len(self._devices) == 1 and \
-                self._mpi_comm is None:
-            self.reduction = 'mean'  # one device: 'sum' weighs it alike
         self._allreducer = None
         if workers == 'process':
             channels.check_picklable(master, loss_func)
@@ -806,6 +801,10 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                 combined from the replicas.
         """
         n = len(self._devices)
+        if n < 2 and self._allreducer is None:
+            if self.reduction is None:
+                self.reduction = 'mean'  # one device: 'sum' weighs it alike
+            return
         if n < 2 and self.reduction is not None:
             return
         split = (batch.inputs, batch.counts) if n >= 2 else batch.split(2)
