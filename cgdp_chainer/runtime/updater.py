@@ -107,12 +107,27 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     loop after every ``update()``. So evaluation and snapshots use the
     first replica's, as with ``ParallelUpdater``, whose main model is the
     first device's.
-    Reported values (``main/loss``, ...) are the batch-weighted means over
-    the devices, as Variables when the model reported Variables; at the
-    first iteration, when ``chainer.config.keep_graph_on_report`` is on (as
+    Reported values (``main/loss``, counts, ...) are those
+    ``StandardUpdater`` reports on the whole batch: a value that adds up
+    over the examples (a summed loss, a count) is summed over the devices,
+    a mean is averaged weighted by their shares of the examples; which a
+    key is, is found at the first iteration (see
+    :mod:`~cgdp_chainer.runtime.observations`; ``report_kinds``
+    overrides it). Each keeps the type the model reported (an ``int``
+    stays an exact ``int``, a NumPy scalar keeps its dtype, a Variable
+    stays a Variable). At the first iteration, when
+    ``chainer.config.keep_graph_on_report`` is on (as
     :class:`~chainer.training.extensions.DumpGraph` sets it), ``main/loss``
     is the loss of a forward of the master on the whole batch, with its
     graph.
+
+    A batch that the iterator returns as a list of examples is split as
+    ``ParallelUpdater`` splits it (device ``i`` of ``n`` gets
+    ``batch[i::n]``) and each share converted; one in any other form (a
+    tuple or dict of arrays already batched, as the word2vec example's
+    iterator returns, an array) is converted whole, as ``StandardUpdater``
+    converts it, and every array of the converter's output split along its
+    first axis (see :mod:`~cgdp_chainer.runtime.batches`).
 
     By default every replica runs in a worker process of its own
     (``workers='process'``), so that Chainer's Python work runs in parallel;
@@ -175,27 +190,38 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             parameters (PyTorch DDP's buckets).
         reduction (str or None): ``'mean'``: the devices' gradients are
             averaged, weighted by each device's share of the examples, so
-            the result equals one device training on the whole batch (the
-            concatenated batches in the list form), as ``StandardUpdater``;
-            ``'sum'``: they are summed, as ``ParallelUpdater`` and
-            ``MultiprocessParallelUpdater`` sum them. ``None`` (default)
-            chooses from the call form, so that a switched script trains
-            what it trained before: ``'sum'`` for a dict of devices
-            (``ParallelUpdater``'s parameters); ``'mean'`` for a list of
-            iterators, which equals ``MultiprocessParallelUpdater``'s result
-            (summed gradients with ``lr / N``, or Adam's ``eps * N``) with
-            the optimizer's hyperparameters as the user set them (with
-            batches of equal sizes; with unequal ones ``'mean'`` weighs
-            each device by its batch size, MPU weighs them equally); and
-            ``'mean'`` for one iterator with a list of devices
-            (``StandardUpdater``'s result). The choice is
-            ``updater.reduction``.
+            that a loss that is a mean over the examples trains as one
+            device on the whole batch (``StandardUpdater``); ``'sum'``:
+            they are summed, so that a loss that adds up over the examples
+            does, and as ``ParallelUpdater`` and
+            ``MultiprocessParallelUpdater`` sum them. ``None`` (default):
+            ``'sum'`` for one iterator with a dict of devices
+            (``ParallelUpdater``'s parameters); otherwise (a list of
+            devices, or one iterator per device, which trains as one device
+            on the concatenated batches) the one that gives
+            ``StandardUpdater``'s result, found at the first iteration,
+            before any update: forwards of the master with
+            ``chainer.config.train`` False (which leave its parameters,
+            statistics and NumPy's random state as they were) on the whole
+            batch and on each device's share say whether the whole batch's
+            loss is the shares' sum or their weighted mean; a line of the
+            log says what was found. Where that cannot be told (both match,
+            as zero losses do; neither does, as with a model that draws
+            random numbers in test mode or a loss that is neither) the
+            first ``update()`` raises a ``ValueError`` naming the values
+            and asking for ``reduction``; under MPI every rank must find
+            the same. ``updater.reduction`` holds the choice (None until
+            then).
         converter: Converter for each device's share of the batch; it is
             called in this process with the CPU device, and the arrays are
             sent to the replica's device there. It may return arrays and
             tuples, lists and dicts of them nested at any depth (lists of
             arrays of different lengths, as Chainer's NLP examples), with
             numbers and None among them; the model gets the same containers.
+            For a batch that is not a list of examples it is called once on
+            the whole batch, and its output must hold the examples along
+            the first axis of every array (lists in it are refused: a
+            ragged list of examples cannot be told from a container).
         loss_func (callable): ``loss_func(*in_arrays)`` returns the loss,
             as in ``StandardUpdater``; by default the target itself.
         timeline (cgdp_chainer.Timeline): Records every event if given.
@@ -212,6 +238,11 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         workers (str): ``'process'`` or ``'thread'``.
         start_method (str): How worker processes start: ``'spawn'`` or
             ``'forkserver'``.
+        report_kinds (dict or None): Reported keys (``'main/total'``) to
+            ``'sum'`` or ``'mean'``: how they combine over the devices,
+            over what the first iteration found (keys it could not tell,
+            or that first appear later, go by type: integers add up,
+            anything else is a mean).
     """
 
     def __init__(self, iterator, optimizer, devices, chunk_size=None,
