@@ -194,3 +194,26 @@ def test_probe_forwards_leave_the_model_and_random_states_as_they_were():
     # Deterministic (dropout off): the same forward again gives the same.
     again, = observations.probe_forwards(model, loss, [x])
     numpy.testing.assert_array_equal(first.loss.array, again.loss.array)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize('workers', WORKERS)
+def test_a_summed_loss_on_a_gpu_and_a_cpu_replica(workers):
+    model = semantics_models.CountingClassifier(sum_loss=True)
+    expected, expected_reports, _ = train(
+        copy.deepcopy(model),
+        lambda optimizer: updaters.StandardUpdater(_iterator(), optimizer))
+    actual, reports, updater = train(model, lambda optimizer:
+                                     cgdp_chainer.CGDPUpdater(
+                                         _iterator(), optimizer,
+                                         ['@cupy:0', '@numpy'],
+                                         workers=workers))
+    assert updater.reduction == 'sum'
+    assert_same_params(expected, actual, rtol=1e-4, atol=1e-5)
+    for want, got in zip(expected_reports, reports):
+        for key in ('main/loss', 'main/correct', 'main/total'):
+            # Combined in host memory, whatever device reported them.
+            assert not hasattr(got[key], 'device') or isinstance(
+                got[key], chainer.Variable)
+            numpy.testing.assert_allclose(_value(got[key]),
+                                          _value(want[key]), rtol=1e-4)

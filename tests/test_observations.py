@@ -174,3 +174,16 @@ def test_micro_average_over_reported_counts_is_standard_updaters(
         assert got['main/correct'] == want['main/correct']
         assert got['main/loss'] == pytest.approx(want['main/loss'],
                                                  rel=1e-5)
+
+
+@pytest.mark.gpu
+def test_device_values_leave_the_replica_in_host_memory():
+    import cupy
+    value = observations.portable(chainer.Variable(
+        cupy.arange(3, dtype=cupy.float32)))
+    assert isinstance(value.array, numpy.ndarray)
+    assert isinstance(observations.portable(cupy.ones(())), numpy.ndarray)
+    combined = observations.combine(
+        'k', [value, observations.portable(chainer.Variable(
+            numpy.arange(3, dtype=numpy.float32)))], [1, 1], 'sum')
+    numpy.testing.assert_array_equal(combined.array, [0, 2, 4])
