@@ -183,3 +183,16 @@ def convert_window(batch, device):
 
 def words(n=40, n_vocab=12, seed=3):
     return numpy.random.RandomState(seed).randint(0, n_vocab, n)
+
+
+class TrainOnly(CountingClassifier):
+    """Raises outside train mode (as a forward that needs its graph, e.g.
+    for ``chainer.grad``, may fail without backprop)."""
+
+    def __init__(self):
+        super(TrainOnly, self).__init__(sum_loss=False)
+
+    def forward(self, x, t):
+        if not chainer.config.train or not chainer.config.enable_backprop:
+            raise RuntimeError('this model trains only')
+        return super(TrainOnly, self).forward(x, t)

@@ -217,3 +217,21 @@ def test_a_summed_loss_on_a_gpu_and_a_cpu_replica(workers):
                 got[key], chainer.Variable)
             numpy.testing.assert_allclose(_value(got[key]),
                                           _value(want[key]), rtol=1e-4)
+
+
+def test_forwards_that_fail_in_test_mode_refuse_only_the_default(capsys):
+    message = _refused(semantics_models.TrainOnly(), 'raised RuntimeError')
+    assert 'this model trains only' in message
+    # With the reduction given, the reported values go by type.
+    model = semantics_models.TrainOnly()
+    expected, expected_reports, _ = train(
+        copy.deepcopy(model),
+        lambda optimizer: updaters.StandardUpdater(_iterator(), optimizer))
+    actual, reports, _ = train(model, lambda optimizer:
+                               cgdp_chainer.CGDPUpdater(
+                                   _iterator(), optimizer, ['@numpy'] * 2,
+                                   workers='thread', reduction='mean'))
+    assert_same_params(expected, actual)
+    assert_same_reports(expected_reports, reports,
+                        ['main/loss', 'main/correct', 'main/total'])
+    assert 'by type' in capsys.readouterr().out

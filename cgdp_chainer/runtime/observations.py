@@ -532,16 +532,22 @@ _REDUCTION_CHOICES = (
     "are averaged, weighted by their examples)")
 
 
-def reduction_refusal(comparison, other_ranks=False):
+def reduction_refusal(comparison, other_ranks=False, failure=None):
     """Why the reduction could not be found, and what to do, in words.
 
     Args:
         comparison (Comparison or None): This rank's comparison of the loss
-            (None: its batch of one example could not be split).
+            (None: its batch of one example could not be split, or the
+            forwards failed).
         other_ranks (bool): Whether this rank found one but another MPI
             rank found another, or none.
+        failure (str or None): What the forwards raised, in words.
     """
-    if other_ranks:
+    if failure is not None:
+        why = ('the forwards of the model that compare the whole batch\'s '
+               'loss with its shares\' (chainer.config.train False, no '
+               'backprop) raised {}'.format(failure))
+    elif other_ranks:
         why = ("this MPI rank found {!r} ({}), but another rank found "
                "another reduction or none (see its error)".format(
                    comparison.kind, describe_loss(comparison)))

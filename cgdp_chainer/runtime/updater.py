@@ -839,34 +839,56 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         if n < 2 and self.reduction is not None:
             return
         split = (batch.inputs, batch.counts) if n >= 2 else batch.split(2)
-        comparison = None
+        comparison, failure = None, None
         if split is not None:
-            parts, counts = split
+            comparison, failure = self._probe(batch, *split)
+        if self.reduction is None:
+            self.reduction = self._agree_on_reduction(comparison, failure)
+
+    def _probe(self, batch, parts, counts):
+        """Runs the comparisons' forwards; learns each reported key's kind
+        (with two devices or more) and compares the loss.
+
+        Returns:
+            tuple: ``(comparison, failure)``: the loss's
+            :class:`~cgdp_chainer.runtime.observations.Comparison`, or None
+            and the exception a forward raised.
+        """
+        n = len(self._devices)
+        try:
             forwards = observations.probe_forwards(
                 self.get_optimizer('main').target, self.loss_func,
                 [_copied(batch.whole_inputs)] + [_copied(p) for p in parts])
-            whole, shares = forwards[0], forwards[1:]
+        except Exception as error:
+            # A forward that needs the graph (chainer.grad in it) or train
+            # mode: the comparisons tell nothing; training is unaffected.
             if n >= 2:
-                self._report_kinds.learn(
-                    whole.observation, [f.observation for f in shares],
-                    counts)
                 self._say('CGDP reported values, combined over the {} '
-                          'replicas as the whole batch reports them: {}'
-                          .format(n, self._report_kinds.describe(
-                              whole.observation)))
-            comparison = observations.compare(
-                whole.loss, [f.loss for f in shares], counts)
-        if self.reduction is None:
-            self.reduction = self._agree_on_reduction(comparison)
+                          'replicas by type (integers add up, anything else '
+                          'is a mean; report_kinds= sets a key): the first '
+                          "iteration's forwards of the model with "
+                          'chainer.config.train False and no backprop '
+                          'raised {}'.format(n, _describe_error(error)))
+            return None, error
+        whole, shares = forwards[0], forwards[1:]
+        if n >= 2:
+            self._report_kinds.learn(whole.observation,
+                                     [f.observation for f in shares], counts)
+            self._say('CGDP reported values, combined over the {} replicas '
+                      'as the whole batch reports them: {}'.format(
+                          n, self._report_kinds.describe(whole.observation)))
+        return observations.compare(whole.loss, [f.loss for f in shares],
+                                    counts), None
 
-    def _agree_on_reduction(self, comparison):
+    def _agree_on_reduction(self, comparison, failure=None):
         """The reduction the loss's comparison found, the same on every MPI
         rank.
 
         Args:
             comparison (Comparison or None): The loss of the whole batch
                 against its shares' (None: a batch of one example on one
-                device, which cannot be split).
+                device, which cannot be split, or forwards that failed).
+            failure (Exception or None): What the forwards raised.
 
         Raises:
             ValueError: It cannot be told, or the ranks disagree.
@@ -883,7 +905,9 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                           found, observations.describe_loss(comparison)))
             return found
         raise ValueError(observations.reduction_refusal(
-            comparison, other_ranks=code != 0))
+            comparison, other_ranks=code != 0,
+            failure=None if failure is None else _describe_error(failure))
+        ) from failure
 
     def _say(self, line):
         """Prints a line of the run's log (once, on rank 0 under MPI)."""
