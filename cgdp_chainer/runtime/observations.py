@@ -432,10 +432,10 @@ def probe_forwards(link, loss_func, inputs_list):
 
     Each runs with ``chainer.config.train`` False (dropout off,
     BatchNormalization on its statistics: deterministic) and backprop off,
-    in a private reporter. Afterwards every link's attributes, its
-    persistent values, NumPy's global random state and Python's ``random``
-    state are as they were, so the training that follows is the one
-    without these forwards.
+    in a private reporter, from the same state: after each, every link's
+    attributes and persistent values are put back; after all, NumPy's
+    global random state and Python's ``random`` state too, so that the
+    training that follows is the one without these forwards.
 
     Args:
         link (chainer.Link): The master model.
@@ -459,6 +459,9 @@ def probe_forwards(link, loss_func, inputs_list):
                 observation = {}
                 with reporter.scope(observation):
                     loss = _call_with(loss_func or link, in_arrays)
+                # Every forward starts from the same state (a model that
+                # counts its calls takes the same branch in each).
+                saved.restore()
                 forwards.append(Forward(
                     portable(loss) if isinstance(loss, chainer.Variable)
                     else loss,
