@@ -44,8 +44,8 @@ def test_floats_arrays_and_variables_keep_their_type():
                     'sum')
     assert isinstance(value, numpy.ndarray) and value.dtype == numpy.int64
     numpy.testing.assert_array_equal(value, [4, 6])
-    variables = [observations.portable(chainer.Variable(numpy.asarray(v, numpy.float32)))
-                 for v in (1, 4)]
+    variables = [observations.portable(chainer.Variable(
+        numpy.asarray(v, numpy.float32))) for v in (1, 4)]
     value = combine('k', variables, [1, 3], 'sum')
     assert isinstance(value, chainer.Variable)
     assert value.dtype == numpy.float32 and float(value.array) == 5
