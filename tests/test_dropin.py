@@ -144,21 +144,26 @@ def _updater(iterator=None, devices=('@numpy', '@numpy'), **kwargs):
         list(devices) if isinstance(devices, tuple) else devices, **kwargs)
 
 
-@pytest.mark.parametrize('make, expected', [
-    (lambda: _updater(devices={'main': -1, 'second': -1}), 'sum'),
-    (lambda: _updater([_iterator(), _iterator()]), 'mean'),
+@pytest.mark.parametrize('make, before, after', [
+    (lambda: _updater(devices={'main': -1, 'second': -1}), 'sum', 'sum'),
+    # Found from the (mean) loss at the first iteration.
+    (lambda: _updater([_iterator(), _iterator()]), None, 'mean'),
     (lambda: _updater((_iterator(), _iterator()),
-                      devices={'main': -1, 'second': -1}), 'mean'),
-    (lambda: _updater(devices=[-1, -1]), 'mean'),
-    (lambda: _updater(devices='-1,-1'), 'mean'),
+                      devices={'main': -1, 'second': -1}), None, 'mean'),
+    (lambda: _updater(devices=[-1, -1]), None, 'mean'),
+    (lambda: _updater(devices='-1,-1'), None, 'mean'),
+    (lambda: _updater(devices=[-1]), None, 'mean'),
     (lambda: _updater(devices={'main': -1, 'x': -1}, reduction='mean'),
-     'mean'),
-    (lambda: _updater([_iterator(), _iterator()], reduction='sum'), 'sum'),
+     'mean', 'mean'),
+    (lambda: _updater([_iterator(), _iterator()], reduction='sum'), 'sum',
+     'sum'),
 ])
-def test_default_reduction_follows_the_call_form(make, expected):
+def test_default_reduction_follows_the_call_form(make, before, after):
     updater = make()
     try:
-        assert updater.reduction == expected
+        assert updater.reduction == before
+        updater.update()
+        assert updater.reduction == after
     finally:
         updater.finalize()
 

@@ -126,3 +126,46 @@ def test_memnn_example_switched(tmp_path, dataset_root):
     assert all('validation/main/loss' in entry for entry in log)
     _assert_same_npz(str(tmp_path / 'standard' / 'model.npz'),
                      str(tmp_path / 'cgdp' / 'model.npz'))
+
+
+def _assert_same_logs(tmp_path, keys):
+    """The switched run logged the reference run's values."""
+    expected, actual = _log(tmp_path / 'standard'), _log(tmp_path / 'cgdp')
+    assert [e['iteration'] for e in actual] == \
+        [e['iteration'] for e in expected]
+    for want, got in zip(expected, actual):
+        for key in keys:
+            assert got[key] == pytest.approx(want[key], rel=1e-5), key
+
+
+@pytest.mark.slow
+def test_sentiment_example_with_a_summed_loss_switched(tmp_path,
+                                                       dataset_root):
+    # A loss that adds up over the trees: found as 'sum', logged as the
+    # whole batch's; MicroAverage over the node counts.
+    script = 'train_sentiment.py'
+    _run(script, tmp_path / 'standard', dataset_root, '--updater',
+         'standard')
+    completed = _run(script, tmp_path / 'cgdp', dataset_root, '--updater',
+                     'cgdp', '--devices', '-1', '-1')
+    assert "CGDP reduction: 'sum'" in completed.stdout
+    _assert_same_logs(tmp_path, ['main/loss', 'main/accuracy',
+                                 'main/total', 'main/correct'])
+    _assert_same_npz(str(tmp_path / 'standard' / 'model.npz'),
+                     str(tmp_path / 'cgdp' / 'model.npz'))
+
+
+@pytest.mark.slow
+def test_pos_tagging_example_with_integer_counts_switched(tmp_path,
+                                                          dataset_root):
+    # Integer counts through MicroAverage, for training and evaluation.
+    script = 'postagging.py'
+    _run(script, tmp_path / 'standard', dataset_root, '--updater',
+         'standard')
+    _run(script, tmp_path / 'cgdp', dataset_root, '--updater', 'cgdp',
+         '--devices', '-1', '-1')
+    _assert_same_logs(tmp_path, [
+        'main/loss', 'main/accuracy', 'main/total', 'main/correct',
+        'validation/main/loss', 'validation/main/accuracy'])
+    _assert_same_npz(str(tmp_path / 'standard' / 'model.npz'),
+                     str(tmp_path / 'cgdp' / 'model.npz'))

@@ -193,12 +193,11 @@ def test_text_classifier_shaped_model_with_a_tuple_of_a_ragged_list(
 @pytest.mark.parametrize('workers', WORKERS)
 def test_a_converter_error_stops_the_workers_and_closes_the_updater(
         workers):
-    calls = []
+    failing = []
 
     @chainer.dataset.converter()
     def convert(batch, device):
-        calls.append(len(batch))
-        if len(calls) > 2:  # the first update converts two shares
+        if failing:  # from the second update on
             raise ValueError('injected converter failure')
         return nlp_models.convert_pairs(batch, device)
 
@@ -212,6 +211,7 @@ def test_a_converter_error_stops_the_workers_and_closes_the_updater(
         workers=workers)
     try:
         updater.update()
+        failing.append(True)
         with pytest.raises(ValueError, match='injected converter failure'):
             updater.update()
         # Stopped already, without finalize().

@@ -784,3 +784,9 @@ def test_mpi_jobs_leave_no_shared_memory_segment(mpiexec):
     # order), after the harness removed those of killed jobs.
     left = sorted(name for name in SEGMENTS_SEEN if segment_exists(name))
     assert left == [], left
+
+
+@pytest.mark.mpi
+def test_every_rank_finds_the_same_reduction_or_every_rank_refuses(
+        mpiexec):
+    assert_ok(run_mpi('reduction_agreement.py'), 'reduction')

@@ -14,13 +14,16 @@ from chainer.training.updaters import standard_updater
 import numpy
 
 from cgdp_chainer.runtime import accumulator as accumulator_module
+from cgdp_chainer.runtime import batches as batches_module
 from cgdp_chainer import blas
 from cgdp_chainer import devices as devices_module
 from cgdp_chainer import randomness
 from cgdp_chainer.runtime import channels
 from cgdp_chainer.runtime import device_view
 from cgdp_chainer.runtime import master as master_module
+from cgdp_chainer.runtime import observations
 from cgdp_chainer.runtime import readiness
+from cgdp_chainer.runtime import shared
 from cgdp_chainer.runtime import worker as worker_module
 
 REDUCTIONS = ('mean', 'sum')
@@ -106,12 +109,27 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     loop after every ``update()``. So evaluation and snapshots use the
     first replica's, as with ``ParallelUpdater``, whose main model is the
     first device's.
-    Reported values (``main/loss``, ...) are the batch-weighted means over
-    the devices, as Variables when the model reported Variables; at the
-    first iteration, when ``chainer.config.keep_graph_on_report`` is on (as
+    Reported values (``main/loss``, counts, ...) are those
+    ``StandardUpdater`` reports on the whole batch: a value that adds up
+    over the examples (a summed loss, a count) is summed over the devices,
+    a mean is averaged weighted by their shares of the examples; which a
+    key is, is found at the first iteration (see
+    :mod:`~cgdp_chainer.runtime.observations`; ``report_kinds``
+    overrides it). Each keeps the type the model reported (an ``int``
+    stays an exact ``int``, a NumPy scalar keeps its dtype, a Variable
+    stays a Variable). At the first iteration, when
+    ``chainer.config.keep_graph_on_report`` is on (as
     :class:`~chainer.training.extensions.DumpGraph` sets it), ``main/loss``
     is the loss of a forward of the master on the whole batch, with its
     graph.
+
+    A batch that the iterator returns as a list of examples is split as
+    ``ParallelUpdater`` splits it (device ``i`` of ``n`` gets
+    ``batch[i::n]``) and each share converted; one in any other form (a
+    tuple or dict of arrays already batched, as the word2vec example's
+    iterator returns, an array) is converted whole, as ``StandardUpdater``
+    converts it, and every array of the converter's output split along its
+    first axis (see :mod:`~cgdp_chainer.runtime.batches`).
 
     By default every replica runs in a worker process of its own
     (``workers='process'``), so that Chainer's Python work runs in parallel;
@@ -187,27 +205,38 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             parameters (PyTorch DDP's buckets).
         reduction (str or None): ``'mean'``: the devices' gradients are
             averaged, weighted by each device's share of the examples, so
-            the result equals one device training on the whole batch (the
-            concatenated batches in the list form), as ``StandardUpdater``;
-            ``'sum'``: they are summed, as ``ParallelUpdater`` and
-            ``MultiprocessParallelUpdater`` sum them. ``None`` (default)
-            chooses from the call form, so that a switched script trains
-            what it trained before: ``'sum'`` for a dict of devices
-            (``ParallelUpdater``'s parameters); ``'mean'`` for a list of
-            iterators, which equals ``MultiprocessParallelUpdater``'s result
-            (summed gradients with ``lr / N``, or Adam's ``eps * N``) with
-            the optimizer's hyperparameters as the user set them (with
-            batches of equal sizes; with unequal ones ``'mean'`` weighs
-            each device by its batch size, MPU weighs them equally); and
-            ``'mean'`` for one iterator with a list of devices
-            (``StandardUpdater``'s result). The choice is
-            ``updater.reduction``.
+            that a loss that is a mean over the examples trains as one
+            device on the whole batch (``StandardUpdater``); ``'sum'``:
+            they are summed, so that a loss that adds up over the examples
+            does, and as ``ParallelUpdater`` and
+            ``MultiprocessParallelUpdater`` sum them. ``None`` (default):
+            ``'sum'`` for one iterator with a dict of devices
+            (``ParallelUpdater``'s parameters); otherwise (a list of
+            devices, or one iterator per device, which trains as one device
+            on the concatenated batches) the one that gives
+            ``StandardUpdater``'s result, found at the first iteration,
+            before any update: forwards of the master with
+            ``chainer.config.train`` False (which leave its parameters,
+            statistics and NumPy's random state as they were) on the whole
+            batch and on each device's share say whether the whole batch's
+            loss is the shares' sum or their weighted mean; a line of the
+            log says what was found. Where that cannot be told (both match,
+            as zero losses do; neither does, as with a model that draws
+            random numbers in test mode or a loss that is neither) the
+            first ``update()`` raises a ``ValueError`` naming the values
+            and asking for ``reduction``; under MPI every rank must find
+            the same. ``updater.reduction`` holds the choice (None until
+            then).
         converter: Converter for each device's share of the batch; it is
             called in this process with the CPU device, and the arrays are
             sent to the replica's device there. It may return arrays and
             tuples, lists and dicts of them nested at any depth (lists of
             arrays of different lengths, as Chainer's NLP examples), with
             numbers and None among them; the model gets the same containers.
+            For a batch that is not a list of examples it is called once on
+            the whole batch, and its output must hold the examples along
+            the first axis of every array (lists in it are refused: a
+            ragged list of examples cannot be told from a container).
         loss_func (callable): ``loss_func(*in_arrays)`` returns the loss,
             as in ``StandardUpdater``; by default the target itself.
         loss_scale (float or None): Loss scaling factor, as in
@@ -227,6 +256,11 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         workers (str): ``'process'`` or ``'thread'``.
         start_method (str): How worker processes start: ``'spawn'`` or
             ``'forkserver'``.
+        report_kinds (dict or None): Reported keys (``'main/total'``) to
+            ``'sum'`` or ``'mean'``: how they combine over the devices,
+            over what the first iteration found (keys it could not tell,
+            or that first appear later, go by type: integers add up,
+            anything else is a mean).
     """
 
     # Whether replica threads were found drawing from the global NumPy
@@ -238,9 +272,10 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                  loss_func=None, timeline=None, blas_threads=None,
                  host_threads=None, mpi_comm=None, auto_new_epoch=True,
                  workers='process', start_method='spawn', chunk_bytes=None,
-                 loss_scale=None):
+                 loss_scale=None, report_kinds=None):
         _check_arguments(reduction, timeline, blas_threads, host_threads,
                          workers, start_method, converter, loss_func)
+        self._report_kinds = observations.ReportKinds(report_kinds)
         self._devices = devices_module.parse_devices(devices)
         # One iterator per device (MultiprocessParallelUpdater's form), or
         # None: the devices split the 'main' iterator's batch.
@@ -534,17 +569,15 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         if self._replicas is not None:
             self._take_user_edits(edited)
         iterator = self.get_iterator('main')
-        batches, batch = self._next_batches()
+        batch = self._next_batches()
         n = len(self._devices)
-        host = chainer.get_device('@numpy')
         first_reports = None
         if self._replicas is None:
-            first_reports = self._start(batch, batches[0])
-        inputs = [convert._call_converter(self.converter, share, host)
-                  for share in batches]
+            first_reports = self._start(batch)
+        inputs = batch.inputs
         # Each device's weight in 'mean': its fraction of the examples (the
         # iterators of the list form may give batches of different sizes).
-        shares = [len(share) / len(batch) for share in batches]
+        shares = batch.shares
 
         timeline = self.timeline
         start = timeline.now() if timeline is not None else None
@@ -570,7 +603,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self._load_replica_persistents(results[0].persistents)
         else:
             self._persistents_stale = self._has_persistents
-        self._report([r.observation for r in results], shares)
+        self._report([r.observation for r in results], batch.counts)
         if first_reports:
             chainer.report(first_reports)
         if timeline is not None:
@@ -758,38 +791,34 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         self._persistents_fetches += 1
 
     def _next_batches(self):
-        """This iteration's examples.
+        """This iteration's examples: the 'main' iterator's batch split over
+        the devices, or each iterator's batch in the list form, in any form
+        the iterators return (see :mod:`~cgdp_chainer.runtime.batches`).
 
         Returns:
-            tuple: The examples of each device (a share of the 'main'
-            iterator's batch, or each iterator's batch in the list form),
-            and the whole batch (for the first iteration's forward on the
-            master).
+            Batch: Each device's converted share, its examples and the
+            whole batch.
         """
-        n = len(self._devices)
-        if self._device_iterators is None:
-            batch = self.get_iterator('main').next()
-            if len(batch) < n:
-                raise ValueError(
-                    'the batch has {} examples, fewer than the {} '
-                    'devices'.format(len(batch), n))
-            return [batch[i::n] for i in range(n)], batch
-        batches = [list(it.next()) for it in self._device_iterators]
-        for index, share in enumerate(batches):
-            if not share:
-                raise ValueError('the iterator of device {} gave an empty '
-                                 'batch'.format(index))
-        return batches, [example for share in batches for example in share]
+        host = chainer.get_device('@numpy')
 
-    def _start(self, batch, sample):
-        """Initializes lazy parameters, checks the MPI ranks, chooses the
-        chunk size if a chooser is waiting, then builds the replicas, the
-        host accumulator and starts the workers.
+        def convert_on_host(examples):
+            return convert._call_converter(self.converter, examples, host)
+
+        if self._device_iterators is None:
+            return batches_module.from_iterator_batch(
+                self.get_iterator('main').next(), len(self._devices),
+                convert_on_host)
+        return batches_module.from_device_batches(
+            [it.next() for it in self._device_iterators], convert_on_host)
+
+    def _start(self, batch):
+        """Initializes lazy parameters, checks the MPI ranks, finds how
+        reported values combine and (unless given) the reduction, chooses
+        the chunk size if a chooser is waiting, then builds the replicas,
+        the host accumulator and starts the workers.
 
         Args:
-            batch (list): The whole first batch.
-            sample (list): The first device's examples (for the chooser's
-                profile).
+            batch (Batch): The first batch.
 
         Returns:
             dict: Values with their graphs to report for the first iteration
@@ -797,12 +826,10 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         """
         optimizer = self.get_optimizer('main')
         master = optimizer.target
-        host = chainer.get_device('@numpy')
         first_reports = None
         if readiness.has_uninitialized_params(master) or \
                 chainer.config.keep_graph_on_report:
-            first_reports = self._forward_on_master(
-                convert._call_converter(self.converter, batch, host))
+            first_reports = self._forward_on_master(batch.whole_inputs)
             master.to_device('@numpy')
         if self._mpi_comm is not None:
             from cgdp_chainer import mpi
@@ -815,14 +842,14 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self._random_base = self._allreducer.allreduce_int(
                 self._random_base if self._allreducer.rank == 0 else 0,
                 op='max')
+        self._find_kinds(batch)
         if self.timeline is not None:
             self.timeline.name_tracks(
                 ['replica {} {}'.format(index, devices_module.spec_of(device))
                  for index, device in enumerate(self._devices)],
                 rank=getattr(self._allreducer, 'rank', None))
         if self._chooser is not None:
-            self._choose_chunk_size(master, convert._call_converter(
-                self.converter, sample, host))
+            self._choose_chunk_size(master, _copied(batch.inputs[0]))
         self._structure = master_module.MasterStructure(master)
         self._persistents = master_module.PersistentsRecord(master)
         if self.workers == 'process':
@@ -876,21 +903,111 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             graphs['main/loss'] = loss
         return graphs
 
-    def _report(self, observations, shares):
-        totals = {}
-        dtypes = {}
-        for observation, share in zip(observations, shares):
-            for key, value in observation.items():
-                if isinstance(value, numpy.ndarray):
-                    dtypes[key] = value.dtype
-                    value = value.astype(numpy.float64)
-                totals[key] = totals.get(key, 0.0) + share * value
-        for key, dtype in dtypes.items():
-            # A Variable, as the model reported it (without its graph, as
-            # the Reporter keeps it by default).
-            totals[key] = chainer.Variable(numpy.asarray(totals[key],
-                                                         dtype=dtype))
-        chainer.report(totals)
+    def _find_kinds(self, batch):
+        """The first iteration's comparisons, before any update: how each
+        reported key combines over the replicas and, unless given, the
+        reduction, from deterministic forwards of the master on the whole
+        batch and on each device's share (on one device under MPI, on two
+        halves of its batch, for the reduction only); see
+        :mod:`~cgdp_chainer.runtime.observations`.
+
+        Raises:
+            ValueError: The loss's reduction cannot be told, or MPI ranks
+                found different ones; or a reported value cannot be
+                combined from the replicas.
+        """
+        n = len(self._devices)
+        if n < 2 and self._allreducer is None:
+            if self.reduction is None:
+                self.reduction = 'mean'  # one device: 'sum' weighs it alike
+            return
+        if n < 2 and self.reduction is not None:
+            return
+        split = (batch.inputs, batch.counts) if n >= 2 else batch.split(2)
+        comparison, failure = None, None
+        if split is not None:
+            comparison, failure = self._probe(batch, *split)
+        if self.reduction is None:
+            self.reduction = self._agree_on_reduction(comparison, failure)
+
+    def _probe(self, batch, parts, counts):
+        """Runs the comparisons' forwards; learns each reported key's kind
+        (with two devices or more) and compares the loss.
+
+        Returns:
+            tuple: ``(comparison, failure)``: the loss's
+            :class:`~cgdp_chainer.runtime.observations.Comparison`, or None
+            and the exception a forward raised.
+        """
+        n = len(self._devices)
+        try:
+            forwards = observations.probe_forwards(
+                self.get_optimizer('main').target, self.loss_func,
+                [_copied(batch.whole_inputs)] + [_copied(p) for p in parts])
+        except Exception as error:
+            # A forward that needs the graph (chainer.grad in it) or train
+            # mode: the comparisons tell nothing; training is unaffected.
+            if n >= 2:
+                self._say('CGDP reported values, combined over the {} '
+                          'replicas by type (integers add up, anything else '
+                          'is a mean; report_kinds= sets a key): the first '
+                          "iteration's forwards of the model with "
+                          'chainer.config.train False and no backprop '
+                          'raised {}'.format(n, _describe_error(error)))
+            return None, error
+        whole, shares = forwards[0], forwards[1:]
+        if n >= 2:
+            self._report_kinds.learn(whole.observation,
+                                     [f.observation for f in shares], counts)
+            self._say('CGDP reported values, combined over the {} replicas '
+                      'as the whole batch reports them: {}'.format(
+                          n, self._report_kinds.describe(whole.observation)))
+        return observations.compare(whole.loss, [f.loss for f in shares],
+                                    counts), None
+
+    def _agree_on_reduction(self, comparison, failure=None):
+        """The reduction the loss's comparison found, the same on every MPI
+        rank.
+
+        Args:
+            comparison (Comparison or None): The loss of the whole batch
+                against its shares' (None: a batch of one example on one
+                device, which cannot be split, or forwards that failed).
+            failure (Exception or None): What the forwards raised.
+
+        Raises:
+            ValueError: It cannot be told, or the ranks disagree.
+        """
+        found = comparison.kind if comparison is not None else None
+        code = _REDUCTION_CODES.get(found, 0)
+        low = high = code
+        if self._allreducer is not None:
+            low = self._allreducer.allreduce_int(code, op='min')
+            high = self._allreducer.allreduce_int(code, op='max')
+        if low == high and code:
+            self._say('CGDP reduction: {!r}, found at the first iteration: '
+                      '{} (reduction= skips this check)'.format(
+                          found, observations.describe_loss(comparison)))
+            return found
+        raise ValueError(observations.reduction_refusal(
+            comparison, other_ranks=code != 0,
+            failure=None if failure is None else _describe_error(failure))
+        ) from failure
+
+    def _say(self, line):
+        """Prints a line of the run's log (once, on rank 0 under MPI)."""
+        if self._allreducer is None or self._allreducer.rank == 0:
+            print(line, flush=True)
+
+    def _report(self, reported, counts):
+        """Reports the replicas' observations as the whole batch's.
+
+        Args:
+            reported (list of dict): Each replica's observation.
+            counts (list of int): Each replica's examples.
+        """
+        chainer.report(observations.combine_all(reported, counts,
+                                                self._report_kinds))
 
     def _choose_chunk_size(self, master, sample_inputs):
         device = self._devices[0]
@@ -993,6 +1110,16 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self._allreducer.close()
 
 
+# The reductions as integers, for agreeing across MPI ranks (0: not found).
+_REDUCTION_CODES = {'mean': 1, 'sum': 2}
+
+
+def _copied(in_arrays):
+    """A converter's output with copies of its arrays: the first
+    iteration's extra forwards must not touch what the replicas train on."""
+    return shared.map_arrays(numpy.copy, in_arrays)
+
+
 def _size_words(n_bytes):
     for unit, size in (('GiB', 1 << 30), ('MiB', 1 << 20), ('KiB', 1 << 10)):
         if n_bytes >= size:
@@ -1018,14 +1145,17 @@ def default_reduction(devices, iterator_list):
         iterator_list (bool): Whether one iterator per device was given.
 
     Returns:
-        str: ``'mean'`` for one iterator per device (the result of
-        ``MultiprocessParallelUpdater`` without its changes to the
-        hyperparameters) and for a list of devices (``StandardUpdater``'s);
-        ``'sum'`` for a dict of devices (``ParallelUpdater``'s).
+        str or None: ``'sum'`` for one iterator with a dict of devices
+        (``ParallelUpdater``'s arithmetic); None otherwise (a list of
+        devices, or one iterator per device): the reduction that gives
+        ``StandardUpdater``'s result on the whole batch (the concatenated
+        batches in the list form), found from the loss at the first
+        iteration (``'mean'`` for a mean over the examples, ``'sum'`` for a
+        loss that adds up over them).
     """
     if not iterator_list and isinstance(devices, dict):
         return 'sum'
-    return 'mean'
+    return None
 
 
 ITERATOR_FORMS = ('a chainer.dataset.Iterator, a dict of them with a '

@@ -26,6 +26,7 @@ import numpy
 from cgdp_chainer import devices as devices_module
 from cgdp_chainer import randomness
 from cgdp_chainer.runtime.accumulator import Aborted  # NOQA: one exception for all
+from cgdp_chainer.runtime import observations
 from cgdp_chainer.runtime import readiness
 from cgdp_chainer.runtime import shared
 
@@ -79,9 +80,11 @@ IterationResult = collections.namedtuple(
 IterationResult.__doc__ = """What a replica hands back after an iteration.
 
 Attributes:
-    observation (dict): Reported values (``main/loss``, ...): a reported
-        Variable or array as a 0-dimensional NumPy array of its dtype,
-        anything else as a float.
+    observation (dict): Reported values (``main/loss``, ...) as the model
+        reported them, made portable by
+        :func:`~cgdp_chainer.runtime.observations.portable` (a Variable as
+        a ``VariableValue``, arrays in host memory); the updater combines
+        them (:func:`~cgdp_chainer.runtime.observations.combine_all`).
     events (list): ``(kind, chunk, start, end)``, ``time.perf_counter``
         seconds (one monotonic clock for every process on the machine).
     persistents (dict or None): The replica's persistent values, if asked.
@@ -209,7 +212,7 @@ class ReplicaWorker(object):
             report = self._iterate(job, plan, in_arrays, clock, forming)
         self._ran_chunks = plan.n_chunks
         return IterationResult(
-            observation={key: _observed_value(value)
+            observation={key: observations.portable(value)
                          for key, value in observation.items()},
             events=clock.flush(),
             persistents=(save_persistents(replica)
@@ -289,14 +292,6 @@ class _Uses(object):
 
     def __init__(self, outside):
         self.outside = outside
-
-
-def _observed_value(value):
-    if isinstance(value, chainer.Variable):
-        value = value.array
-    if hasattr(value, 'dtype') and hasattr(value, 'shape'):
-        return numpy.asarray(chainer.backends.cuda.to_cpu(value))
-    return float(value)
 
 
 class _ConfigScope(object):

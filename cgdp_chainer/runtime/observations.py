@@ -1,0 +1,583 @@
+"""What replicas report, combined as the whole batch would have reported it.
+
+Each replica reports what the model reports on its share of the batch
+(``main/loss``, ``main/accuracy``, counts such as ``main/correct``); the
+updater reports one value per key, the one ``StandardUpdater`` would report
+on the whole batch. A value that adds up over the examples (a loss summed
+over them, a count) is the sum of the replicas' values; a mean over the
+examples is the mean of the replicas' values weighted by their shares of
+the examples. Which of the two a key is, is found at the first iteration:
+deterministic forwards of the master (``chainer.config.train`` False, no
+backprop, everything they touch put back) on the whole batch and on each
+share say whether the whole batch's value is the sum of the shares' or
+their share-weighted mean (:func:`probe_forwards`, :func:`compare`,
+:class:`ReportKinds`). The same comparison on the loss the model returns
+tells the updater's reduction.
+
+Combined values keep the type the model reported: a Python ``int`` stays an
+``int`` and a ``float`` a ``float``, a NumPy scalar a NumPy scalar of its
+dtype, an array an array, a ``Variable`` a ``Variable`` (without a graph).
+Integers stay exact: a sum of integers is an integer; a mean of integers is
+one when it is a whole number, else a float.
+"""
+import collections
+import numbers
+import random
+
+import chainer
+import numpy
+
+KINDS = ('sum', 'mean')
+
+# Relative tolerance of the first iteration's comparisons: the whole batch
+# and its shares are summed in different orders. Far below the factor of
+# about the number of shares between a sum and a mean.
+RTOL = 1e-4
+RTOL_HALF = 1e-2  # float16 values, or chainer.config.dtype float16
+
+
+class VariableValue(object):
+    """A reported ``Variable`` on its way from a replica: its array in host
+    memory, without the graph; reported again as a ``Variable``. (Not a
+    tuple: ``DictSummary`` reads a tuple as a ``(value, weight)`` pair.)
+
+    Args:
+        array (numpy.ndarray): The Variable's array.
+    """
+
+    __slots__ = ('array',)
+
+    def __init__(self, array):
+        self.array = array
+
+    def __reduce__(self):
+        return (VariableValue, (self.array,))
+
+
+def portable(value):
+    """A replica's reported value as it leaves the replica: a ``Variable``
+    as a :class:`VariableValue`, device arrays in host memory, arrays copied
+    (the replica may write them in the next iteration); the rest as it is.
+
+    Args:
+        value: What the model reported.
+    """
+    if isinstance(value, chainer.Variable):
+        return VariableValue(numpy.array(
+            chainer.backends.cuda.to_cpu(value.array), copy=True))
+    if isinstance(value, numpy.ndarray):
+        return value.copy()
+    if not isinstance(value, numpy.generic) and hasattr(value, 'shape') \
+            and hasattr(value, 'dtype'):
+        return chainer.backends.cuda.to_cpu(value)
+    if type(value) is tuple:
+        return tuple(portable(item) for item in value)
+    return value
+
+
+def _numeric(value):
+    """``value`` as a NumPy array for the arithmetic, or None if it is not
+    a number, a boolean or an array of them."""
+    if isinstance(value, (VariableValue, chainer.Variable)):
+        value = value.array
+    if isinstance(value, (numbers.Number, numpy.generic, numpy.ndarray)):
+        array = numpy.asarray(value)
+        if array.dtype.kind in 'biuf':
+            return array
+    return None
+
+
+def _is_integral(arrays):
+    return all(array.dtype.kind in 'biu' for array in arrays)
+
+
+Comparison = collections.namedtuple(
+    'Comparison', ('kind', 'whole', 'parts', 'sum', 'mean'))
+Comparison.__doc__ = """The whole batch's value against its shares' values.
+
+Attributes:
+    kind (str): ``'sum'`` (the whole batch's value is the sum of the
+        shares'), ``'mean'`` (their mean weighted by the shares' examples),
+        ``'both'`` (both match, e.g. zeros), ``'neither'``, ``'shapes'``
+        (arrays whose shapes differ between the whole batch and the shares:
+        a value per example), or ``'unknown'`` (missing, or not a number).
+    whole, parts: The values compared (as reported).
+    sum, mean (numpy.ndarray or None): The shares' sum and weighted mean.
+"""
+
+
+def compare(whole, parts, counts):
+    """Whether a value of the whole batch is the sum or the mean of the
+    values of its shares.
+
+    Integers are compared exactly; floats within :data:`RTOL` (or
+    :data:`RTOL_HALF` for float16) of the larger of the whole batch's value
+    and the sum of the shares' magnitudes.
+
+    Args:
+        whole: The value on the whole batch.
+        parts (list): The value on each share.
+        counts (list of int): Each share's examples.
+
+    Returns:
+        Comparison: What was found.
+    """
+    arrays = [_numeric(value) for value in [whole] + list(parts)]
+    if any(array is None for array in arrays):
+        return Comparison('unknown', whole, parts, None, None)
+    target, shares = arrays[0], arrays[1:]
+    if any(array.shape != target.shape for array in shares):
+        return Comparison('shapes', whole, parts, None, None)
+    total = sum(counts)
+    if _is_integral(arrays):
+        ints = [array.astype(numpy.int64) for array in arrays]
+        added = numpy.asarray(sum(ints[1:]))
+        weighted = numpy.asarray(sum(count * array for count, array in
+                                     zip(counts, ints[1:])))
+        is_sum = numpy.array_equal(ints[0], added)
+        is_mean = numpy.array_equal(ints[0] * total, weighted)
+        mean = weighted / total
+    else:
+        floats = [array.astype(numpy.float64) for array in arrays]
+        added = numpy.asarray(sum(floats[1:]))
+        mean = numpy.asarray(sum(count / total * array for count, array in
+                                 zip(counts, floats[1:])))
+        half = any(array.dtype == numpy.float16 for array in arrays) or \
+            numpy.dtype(chainer.get_dtype()) == numpy.float16
+        scale = numpy.maximum(numpy.abs(floats[0]), numpy.asarray(
+            sum(numpy.abs(array) for array in floats[1:])))
+        tolerance = (RTOL_HALF if half else RTOL) * scale
+        is_sum = bool(numpy.all(numpy.abs(floats[0] - added) <= tolerance))
+        is_mean = bool(numpy.all(numpy.abs(floats[0] - mean) <= tolerance))
+    kind = 'both' if is_sum and is_mean else 'sum' if is_sum else \
+        'mean' if is_mean else 'neither'
+    return Comparison(kind, whole, parts, added, mean)
+
+
+def kind_by_type(value):
+    """The kind of a value the first iteration could not tell: integers
+    (counts) add up, anything else is a mean."""
+    array = _numeric(value)
+    if array is not None and array.dtype.kind in 'iu':
+        return 'sum'
+    return 'mean'
+
+
+def check_report_kinds(report_kinds):
+    """Checks ``CGDPUpdater``'s ``report_kinds`` argument.
+
+    Args:
+        report_kinds (dict or None): Reported key to ``'sum'`` or ``'mean'``.
+
+    Raises:
+        ValueError: Not a dict of str to one of :data:`KINDS`.
+    """
+    if report_kinds is None:
+        return
+    if not isinstance(report_kinds, dict) or not all(
+            isinstance(key, str) and kind in KINDS
+            for key, kind in report_kinds.items()):
+        raise ValueError(
+            "report_kinds must be None or a dict from a reported key (such "
+            "as 'main/total') to 'sum' (the value adds up over the "
+            "examples) or 'mean'; got {!r}".format(report_kinds))
+
+
+class ReportKinds(object):
+    """How each reported key combines over the replicas: ``'sum'`` or
+    ``'mean'``.
+
+    A key takes the kind given in ``overrides``, else the one found at the
+    first iteration (:meth:`learn`), else (a key the first iteration could
+    not tell, or one that first appears later) :func:`kind_by_type`.
+
+    Args:
+        overrides (dict or None): Key to kind, as the user gave them.
+
+    Raises:
+        ValueError: ``overrides`` is not a dict of keys to kinds.
+    """
+
+    def __init__(self, overrides=None):
+        check_report_kinds(overrides)
+        self._overrides = dict(overrides or {})
+        self._found = collections.OrderedDict()   # key -> kind
+        self._untold = collections.OrderedDict()  # key -> why
+
+    def learn(self, whole, parts, counts):
+        """Finds each key's kind from deterministic forwards of the master.
+
+        Args:
+            whole (dict): The observation of the whole batch.
+            parts (list of dict): The observation of each share.
+            counts (list of int): Each share's examples.
+
+        Raises:
+            ValueError: A key reports arrays whose shape follows the
+                examples (a value per example), which no sum or mean of the
+                replicas' values gives.
+        """
+        for key, value in whole.items():
+            if any(key not in part for part in parts):
+                self._untold[key] = 'not reported on every share'
+                continue
+            found = compare(value, [part[key] for part in parts], counts)
+            if found.kind == 'shapes':
+                raise ValueError(
+                    '{} is reported as an array of shape {} on the whole '
+                    'first batch and of shapes {} on the devices\' shares: '
+                    'a value per example cannot be combined from the '
+                    'replicas. Report a sum or a mean over the examples '
+                    '(or report it from one replica only: '
+                    'cgdp_chainer.runtime.worker.replica_index())'.format(
+                        key, _numeric(value).shape,
+                        [_numeric(part[key]).shape for part in parts]))
+            if found.kind in KINDS:
+                self._found[key] = found.kind
+            elif found.kind != 'unknown':
+                self._untold[key] = '{} match'.format(found.kind)
+            # Values that are not numbers are not combined by kind.
+            combine(key, [part[key] for part in parts], counts, 'mean')
+
+    def kind(self, key, value):
+        """The kind of ``key``, whose value (of one replica) is ``value``."""
+        if key in self._overrides:
+            return self._overrides[key]
+        if key in self._found:
+            return self._found[key]
+        return kind_by_type(value)
+
+    def describe(self, values=None):
+        """The kinds in words, for the log: each key with its kind and how
+        it was chosen.
+
+        Args:
+            values (dict or None): A value of each key (for the type rule).
+        """
+        values = values or {}
+        words = []
+        for key in sorted(set(self._found) | set(self._untold) |
+                          set(self._overrides)):
+            if key in self._overrides:
+                how = 'given'
+            elif key in self._found:
+                how = 'found'
+            else:
+                how = 'by type; the first iteration could not tell: {}'.format(
+                    self._untold[key])
+            words.append('{} {} ({})'.format(
+                key, self.kind(key, values.get(key)), how))
+        return ', '.join(words) or 'none'
+
+
+def combine_all(observations, counts, kinds):
+    """The replicas' observations as one, as the whole batch reports it.
+
+    A key that only some replicas reported is combined over those (a mean
+    weighted by their shares among them).
+
+    Args:
+        observations (list of dict): Each replica's reported values.
+        counts (list of int): Each replica's examples.
+        kinds (ReportKinds): How each key combines.
+
+    Returns:
+        dict: Key to the combined value.
+    """
+    keys = []
+    for observation in observations:
+        keys.extend(key for key in observation if key not in keys)
+    combined = {}
+    for key in keys:
+        present = [(observation[key], count) for observation, count in
+                   zip(observations, counts) if key in observation]
+        values = [value for value, _ in present]
+        combined[key] = combine(key, values, [c for _, c in present],
+                                kinds.kind(key, values[0]))
+    return combined
+
+
+def combine(key, values, counts, kind):
+    """One key's values of the replicas as one value of the reported type.
+
+    Args:
+        key (str): The key (for messages).
+        values (list): Each replica's value (see :func:`portable`).
+        counts (list of int): Each replica's examples.
+        kind (str): ``'sum'`` or ``'mean'``.
+
+    Raises:
+        ValueError: Arrays of different shapes, or values that are not
+            numbers and differ between the replicas.
+    """
+    first = values[0]
+    if len(values) == 1:
+        return _restored(first)
+    if all(_is_weighted_pair(value) for value in values):
+        return _combine_pairs(key, values, counts)
+    arrays = [_numeric(value) for value in values]
+    if any(array is None for array in arrays):
+        if all(_equal(value, first) for value in values[1:]):
+            return _restored(first)
+        raise ValueError(
+            '{} is reported as {} by the replicas: values that are not '
+            'numbers and differ cannot be combined into the whole batch\'s '
+            '(report numbers, or report it from one replica only: '
+            'cgdp_chainer.runtime.worker.replica_index())'.format(
+                key, ', '.join(repr(value)[:40] for value in values)))
+    if any(array.shape != arrays[0].shape for array in arrays):
+        raise ValueError(
+            '{} is reported as arrays of shapes {} by the replicas: a value '
+            'per example cannot be combined into the whole batch\'s; report '
+            'a sum or a mean over the examples'.format(
+                key, [array.shape for array in arrays]))
+    return _as_reported(first, _combine_arrays(arrays, counts, kind))
+
+
+def _combine_arrays(arrays, counts, kind):
+    dtype = numpy.result_type(*arrays)
+    total = sum(counts)
+    if dtype.kind in 'biu':
+        ints = [array.astype(numpy.int64) for array in arrays]
+        if kind == 'sum':
+            added = numpy.asarray(sum(ints))
+            return added if dtype.kind == 'b' else added.astype(dtype)
+        weighted = numpy.asarray(sum(count * array for count, array in
+                                     zip(counts, ints)))
+        if numpy.all(weighted % total == 0):
+            return numpy.asarray(weighted // total).astype(dtype)
+        return numpy.asarray(weighted / total)
+    floats = [array.astype(numpy.float64) for array in arrays]
+    if kind == 'sum':
+        result = sum(floats)
+    else:
+        result = sum(count / total * array for count, array in
+                     zip(counts, floats))
+    return numpy.asarray(result).astype(dtype)
+
+
+def _restored(value):
+    """A replica's value as the model reported it (a :class:`VariableValue`
+    as a ``Variable`` again)."""
+    if isinstance(value, VariableValue):
+        return chainer.Variable(value.array)
+    if type(value) is tuple:
+        return tuple(_restored(item) for item in value)
+    return value
+
+
+def _as_reported(first, result):
+    """``result`` (a NumPy array) in the type of ``first``, the value a
+    replica reported."""
+    if isinstance(first, (VariableValue, chainer.Variable)):
+        return chainer.Variable(result)
+    if isinstance(first, numpy.ndarray):
+        return result
+    if isinstance(first, numpy.generic):
+        return result[()]
+    if isinstance(first, bool) and result.dtype.kind == 'b':
+        return bool(result)
+    if isinstance(first, numbers.Integral) and result.dtype.kind in 'biu':
+        return int(result)
+    return float(result)
+
+
+def _is_weighted_pair(value):
+    # DictSummary reads a (value, weight) pair as a weighted value.
+    return type(value) is tuple and len(value) == 2 and \
+        _numeric(value[0]) is not None and _numeric(value[1]) is not None \
+        and _numeric(value[1]).ndim == 0
+
+
+def _combine_pairs(key, values, counts):
+    """``(value, weight)`` pairs as one: the weight-weighted mean of the
+    values, with the sum of the weights (the whole batch's pair when each
+    value is a mean over its weight's examples)."""
+    weights = [float(_numeric(weight)) for _, weight in values]
+    total = sum(weights)
+    if total == 0:
+        value = combine(key, [v for v, _ in values], counts, 'mean')
+    else:
+        arrays = [_numeric(v).astype(numpy.float64) for v, _ in values]
+        result = sum(w / total * array for w, array in zip(weights, arrays))
+        dtype = numpy.result_type(*[_numeric(v) for v, _ in values])
+        if dtype.kind != 'f':
+            dtype = numpy.float64
+        value = _as_reported(values[0][0],
+                             numpy.asarray(result).astype(dtype))
+    weight = combine(key, [w for _, w in values], counts, 'sum')
+    return (value, weight)
+
+
+def _equal(a, b):
+    try:
+        return bool(a == b)
+    except Exception:
+        return a is b
+
+
+Forward = collections.namedtuple('Forward', ('loss', 'observation'))
+Forward.__doc__ = """One deterministic forward of the master.
+
+Attributes:
+    loss: The returned loss (a :class:`VariableValue`), or what the loss
+        function returned if it was not a ``Variable``.
+    observation (dict): Its reported values (see :func:`portable`).
+"""
+
+
+def probe_forwards(link, loss_func, inputs_list):
+    """Forwards of ``link`` that leave no trace, for the first iteration's
+    comparisons.
+
+    Each runs with ``chainer.config.train`` False (dropout off,
+    BatchNormalization on its statistics: deterministic) and backprop off,
+    in a private reporter, from the same state: after each, every link's
+    attributes and persistent values are put back; after all, NumPy's
+    global random state and Python's ``random`` state too, so that the
+    training that follows is the one without these forwards.
+
+    Args:
+        link (chainer.Link): The master model.
+        loss_func (callable or None): The loss function (default: ``link``).
+        inputs_list (list): Converted inputs, one forward each.
+
+    Returns:
+        list of Forward: One per inputs.
+    """
+    saved = _LinkState(link)
+    numpy_state = numpy.random.get_state()
+    python_state = random.getstate()
+    reporter = chainer.Reporter()
+    reporter.add_observer('main', link)
+    reporter.add_observers('main', link.namedlinks(skipself=True))
+    forwards = []
+    try:
+        with chainer.using_config('train', False), \
+                chainer.no_backprop_mode():
+            for in_arrays in inputs_list:
+                observation = {}
+                with reporter.scope(observation):
+                    loss = _call_with(loss_func or link, in_arrays)
+                # Every forward starts from the same state (a model that
+                # counts its calls takes the same branch in each).
+                saved.restore()
+                forwards.append(Forward(
+                    portable(loss) if isinstance(loss, chainer.Variable)
+                    else loss,
+                    {key: portable(value)
+                     for key, value in observation.items()}))
+    finally:
+        saved.restore()
+        numpy.random.set_state(numpy_state)
+        random.setstate(python_state)
+    return forwards
+
+
+def _call_with(func, in_arrays):
+    # As StandardUpdater calls its loss function.
+    if isinstance(in_arrays, tuple):
+        return func(*in_arrays)
+    if isinstance(in_arrays, dict):
+        return func(**in_arrays)
+    return func(in_arrays)
+
+
+class _LinkState(object):
+    """Every link's attributes (what a forward may rebind: an RNN's state,
+    a Classifier's ``y`` and ``loss``) and its persistent arrays' values."""
+
+    def __init__(self, link):
+        self._links = []
+        for _, sublink in link.namedlinks():
+            arrays = {name: numpy.array(value, copy=True)
+                      for name, value in sublink.__dict__.items()
+                      if name in sublink._persistent and
+                      isinstance(value, numpy.ndarray)}
+            self._links.append((sublink, dict(sublink.__dict__), arrays))
+
+    def restore(self):
+        for sublink, attributes, arrays in self._links:
+            sublink.__dict__.clear()
+            sublink.__dict__.update(attributes)
+            for name, value in arrays.items():
+                sublink.__dict__[name][...] = value
+
+
+def _number_words(value):
+    array = _numeric(value)
+    if array is None:
+        return type(value).__name__
+    if array.ndim == 0:
+        return '{:.7g}'.format(float(array))
+    return 'an array of shape {} (total {:.7g})'.format(
+        array.shape, float(array.sum()))
+
+
+def describe_loss(comparison):
+    """The first iteration's comparison of the loss in words: the whole
+    batch's loss, the shares', their sum and their weighted mean."""
+    return ('a forward of the model (chainer.config.train False) on the '
+            'whole batch gave the loss {}, on the {} shares {}: their sum '
+            'is {}, their mean weighted by their examples {}'.format(
+                _number_words(comparison.whole), len(comparison.parts),
+                ', '.join(_number_words(part) for part in comparison.parts),
+                _number_words(comparison.sum)
+                if comparison.sum is not None else '-',
+                _number_words(comparison.mean)
+                if comparison.mean is not None else '-'))
+
+
+_REDUCTION_CHOICES = (
+    "Give CGDPUpdater(..., reduction='sum') if the loss adds up over the "
+    "examples (the devices' gradients are then summed), or "
+    "reduction='mean' if it is a mean over them (the devices' gradients "
+    "are averaged, weighted by their examples)")
+
+
+def reduction_refusal(comparison, other_ranks=False, failure=None):
+    """Why the reduction could not be found, and what to do, in words.
+
+    Args:
+        comparison (Comparison or None): This rank's comparison of the loss
+            (None: its batch of one example could not be split, or the
+            forwards failed).
+        other_ranks (bool): Whether this rank found one but another MPI
+            rank found another, or none.
+        failure (str or None): What the forwards raised, in words.
+    """
+    if failure is not None:
+        why = ('the forwards of the model that compare the whole batch\'s '
+               'loss with its shares\' (chainer.config.train False, no '
+               'backprop) raised {}'.format(failure))
+    elif other_ranks:
+        why = ("this MPI rank found {!r} ({}), but another rank found "
+               "another reduction or none (see its error)".format(
+                   comparison.kind, describe_loss(comparison)))
+    elif comparison is None:
+        why = ('the batch holds one example on one device, which cannot be '
+               'split into shares to compare their losses with the whole '
+               "batch's")
+    elif comparison.kind == 'both':
+        why = ('{}: both match (e.g. zero losses), so whether the loss adds '
+               'up over the examples or averages them cannot be told'.format(
+                   describe_loss(comparison)))
+    elif comparison.kind == 'neither':
+        why = ('{}: neither matches. The loss is neither a sum nor a mean '
+               'over the examples (a mean over the tokens of sequences of '
+               'different lengths, say: then neither reduction gives '
+               "StandardUpdater's result exactly), or the model's forward "
+               'is not deterministic with chainer.config.train False (it '
+               'draws random numbers, as F.gaussian does in any mode)'.format(
+                   describe_loss(comparison)))
+    elif comparison.kind == 'shapes':
+        why = ('the loss is an array whose shape follows the batch ({} on '
+               'the whole batch, {} on the shares)'.format(
+                   _number_words(comparison.whole),
+                   ', '.join(_number_words(p) for p in comparison.parts)))
+    else:
+        why = ('with chainer.config.train False the loss function returned '
+               '{} (on the whole batch), not a Variable of numbers'.format(
+                   type(comparison.whole).__name__))
+    return ("CGDP cannot tell how the devices' gradients must be combined: "
+            '{}. {}.'.format(why, _REDUCTION_CHOICES))

@@ -1,0 +1,56 @@
+"""Every rank finds the same reduction from the loss, or every rank refuses.
+
+Run: mpiexec -n 2 python tests/mpi_scripts/reduction_agreement.py
+Each rank trains with ``CGDPUpdater(devices=['@numpy'], mpi_comm=...)`` and
+the default reduction, which each finds from its own batch (on one device,
+on two halves of it). With the same summed loss on every rank, all find
+``'sum'``; with a summed loss on rank 0 and a mean on the others, every
+rank's first ``update()`` raises a ValueError (none waits for the others).
+"""
+import os
+import sys
+
+import _common  # first: it imports cgdp_chainer, whose compat module
+# must run before Chainer is imported
+
+import chainer  # NOQA: E402
+
+from cgdp_chainer import CGDPUpdater  # NOQA: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))))
+import semantics_models  # NOQA: E402
+
+
+def first_update(comm, sum_loss):
+    model = semantics_models.CountingClassifier(sum_loss)
+    optimizer = chainer.optimizers.SGD()
+    optimizer.setup(model)
+    iterator = chainer.iterators.SerialIterator(
+        _common.numbered_dataset(8, 6, 5, seed=comm.Get_rank()), 4,
+        shuffle=False)
+    updater = CGDPUpdater(iterator, optimizer, devices=['@numpy'],
+                          mpi_comm=comm, workers='thread')
+    try:
+        updater.update()
+        return updater.reduction
+    except ValueError as error:
+        return str(error)
+    finally:
+        updater.finalize()
+
+
+def main():
+    comm = _common.start_mpi()
+    rank = comm.Get_rank()
+    agreed = first_update(comm, sum_loss=True)
+    assert agreed == 'sum', agreed
+    refused = first_update(comm, sum_loss=rank == 0)
+    assert 'cannot tell' in refused, refused
+    if rank == 0:
+        assert "this MPI rank found 'sum'" in refused, refused
+    _common.report_ok(comm, 'reduction')
+
+
+if __name__ == '__main__':
+    main()

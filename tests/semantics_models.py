@@ -1,0 +1,198 @@
+"""Models for the tests of what the updater does with the loss, the reported
+values and the batch (picklable: CGDP's worker processes import them)."""
+import chainer
+import chainer.functions as F
+import chainer.links as L
+import numpy
+
+import staged_models
+
+
+class CountingClassifier(chainer.Chain):
+    """StagedMLP with a loss that is a mean over the examples or their sum
+    (``sum_loss``), reporting the loss, the correct predictions (a NumPy
+    integer, as ``xp.sum`` gives) and the examples (a Python int), as the
+    pos and sentiment examples report them."""
+
+    def __init__(self, sum_loss, seed=0):
+        super(CountingClassifier, self).__init__()
+        self.sum_loss = sum_loss
+        with self.init_scope():
+            self.predictor = staged_models.StagedMLP(seed=seed)
+
+    def forward(self, x, t):
+        y = self.predictor(x)
+        if self.sum_loss:
+            loss = F.sum(F.softmax_cross_entropy(y, t, reduce='no'))
+        else:
+            loss = F.softmax_cross_entropy(y, t)
+        correct = numpy.sum(y.array.argmax(axis=1) == t)
+        chainer.report({'loss': loss, 'correct': correct, 'total': len(t)},
+                       self)
+        return loss
+
+
+class ZeroLoss(CountingClassifier):
+    """A loss that is zero on any batch: a sum and a mean alike."""
+
+    def __init__(self):
+        super(ZeroLoss, self).__init__(sum_loss=False)
+
+    def forward(self, x, t):
+        return 0 * super(ZeroLoss, self).forward(x, t)
+
+
+class NoisyLoss(CountingClassifier):
+    """Draws random numbers in any mode (``F.gaussian``), so that forwards
+    in test mode tell nothing about the loss."""
+
+    def __init__(self):
+        super(NoisyLoss, self).__init__(sum_loss=False)
+
+    def forward(self, x, t):
+        h = self.predictor(x)
+        noise = F.gaussian(h, self.xp.zeros_like(h.array))
+        return F.softmax_cross_entropy(h + noise, t)
+
+
+class TypedReports(chainer.Chain):
+    """Reports one value of each type a model may report, both sums and
+    means."""
+
+    def __init__(self):
+        super(TypedReports, self).__init__()
+        with self.init_scope():
+            self.predictor = staged_models.StagedMLP()
+
+    def forward(self, x, t):
+        y = self.predictor(x)
+        loss = F.softmax_cross_entropy(y, t)
+        n = len(t)
+        chainer.report({
+            'loss': loss,                                   # Variable, mean
+            'examples': n,                                  # int, sum
+            'float_sum': float(n) * 0.5,                    # float, sum
+            'float_mean': float(loss.array),                # float, mean
+            'classes': numpy.int32(y.shape[1]),             # numpy int, mean
+            'labels': numpy.sum(t, dtype=numpy.int64),      # numpy int, sum
+            'mean32': numpy.float32(loss.array),            # numpy float
+            'per_class': numpy.bincount(t, minlength=y.shape[1]),  # array
+            'total_variable': F.sum(y),                     # Variable, sum
+        }, self)
+        return loss
+
+
+class PerExampleReport(CountingClassifier):
+    """Reports an array with one value per example."""
+
+    def __init__(self):
+        super(PerExampleReport, self).__init__(sum_loss=False)
+
+    def forward(self, x, t):
+        loss = super(PerExampleReport, self).forward(x, t)
+        chainer.report({'labels': t.copy()}, self)
+        return loss
+
+
+class SkipGram(chainer.Chain):
+    """Chainer's word2vec example's SkipGram with its hierarchical softmax
+    (``BinaryHierarchicalSoftmax``, a loss summed over the examples), or,
+    with ``hsm=False``, a softmax cross entropy (a mean)."""
+
+    def __init__(self, n_vocab=12, n_units=4, hsm=True, seed=0):
+        super(SkipGram, self).__init__()
+        rng = numpy.random.RandomState(seed)
+        with self.init_scope():
+            self.embed = L.EmbedID(n_vocab, n_units, initialW=rng.uniform(
+                -0.5, 0.5, (n_vocab, n_units)).astype(numpy.float32))
+            if hsm:
+                tree = L.BinaryHierarchicalSoftmax.create_huffman_tree(
+                    {word: word + 1 for word in range(n_vocab)})
+                self.loss_func = L.BinaryHierarchicalSoftmax(n_units, tree)
+                self.loss_func.W.array[...] = rng.normal(
+                    0, 0.3, self.loss_func.W.shape)
+            else:
+                self.loss_func = _SoftmaxLoss(n_units, n_vocab, rng)
+
+    def forward(self, x, contexts):
+        e = self.embed(contexts)
+        batch_size, n_context, n_units = e.shape
+        x = F.broadcast_to(x[:, None], (batch_size, n_context))
+        e = F.reshape(e, (batch_size * n_context, n_units))
+        x = F.reshape(x, (batch_size * n_context,))
+        loss = self.loss_func(e, x)
+        chainer.report({'loss': loss}, self)
+        return loss
+
+
+class _SoftmaxLoss(chainer.Chain):
+
+    def __init__(self, n_in, n_out, rng):
+        super(_SoftmaxLoss, self).__init__()
+        with self.init_scope():
+            self.out = L.Linear(n_in, n_out, initialW=rng.normal(
+                0, 0.3, (n_out, n_in)).astype(numpy.float32))
+
+    def forward(self, x, t):
+        return F.softmax_cross_entropy(self.out(x), t)
+
+
+class WindowIterator(chainer.dataset.Iterator):
+    """The word2vec example's iterator: each batch is one tuple
+    ``(center, contexts)`` of arrays already batched, positions in a fixed
+    order (the example shuffles them with NumPy's global state)."""
+
+    def __init__(self, words, window=2, batch_size=6):
+        self.words = numpy.asarray(words, numpy.int32)
+        self.window = window
+        self.batch_size = batch_size
+        self.order = numpy.arange(window, len(words) - window,
+                                  dtype=numpy.int32)
+        self.position = 0
+        self.epoch = 0
+        self.is_new_epoch = False
+
+    def __next__(self):
+        position = self.order[self.position:self.position + self.batch_size]
+        offset = numpy.concatenate([numpy.arange(-self.window, 0),
+                                    numpy.arange(1, self.window + 1)])
+        contexts = self.words.take(position[:, None] + offset[None, :])
+        center = self.words.take(position)
+        self.position += self.batch_size
+        self.is_new_epoch = self.position >= len(self.order)
+        if self.is_new_epoch:
+            self.epoch += 1
+            self.position = 0
+        return center, contexts
+
+    @property
+    def epoch_detail(self):
+        return self.epoch + self.position / len(self.order)
+
+    def serialize(self, serializer):
+        self.position = serializer('position', self.position)
+        self.epoch = serializer('epoch', self.epoch)
+
+
+@chainer.dataset.converter()
+def convert_window(batch, device):
+    """The word2vec example's converter: the tuple unpacked and sent."""
+    center, contexts = batch
+    return device.send(center), device.send(contexts)
+
+
+def words(n=40, n_vocab=12, seed=3):
+    return numpy.random.RandomState(seed).randint(0, n_vocab, n)
+
+
+class TrainOnly(CountingClassifier):
+    """Raises outside train mode (as a forward that needs its graph, e.g.
+    for ``chainer.grad``, may fail without backprop)."""
+
+    def __init__(self):
+        super(TrainOnly, self).__init__(sum_loss=False)
+
+    def forward(self, x, t):
+        if not chainer.config.train or not chainer.config.enable_backprop:
+            raise RuntimeError('this model trains only')
+        return super(TrainOnly, self).forward(x, t)
