@@ -293,13 +293,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         self._start_method = start_method
         self._blas_threads = blas_threads
         self._host_threads = host_threads or max(1, min(4, blas.cpu_cores()))
-        batch_size = getattr(self.get_iterator('main'), 'batch_size', None)
-        if self._device_iterators is None and batch_size is not None and \
-                batch_size < len(self._devices):
-            raise ValueError(
-                'batch size {} is smaller than the number of devices ({}): '
-                'every device needs at least one example'.format(
-                    batch_size, len(self._devices)))
+        if self._device_iterators is None:
+            _check_batch_size(self.get_iterator('main'), len(self._devices))
         optimizer = self.get_optimizer('main')
         master = optimizer.target
         master.to_device('@numpy')
@@ -1194,6 +1189,17 @@ def _device_iterators(iterator, n_devices):
             'iterator is a list of {} iterators for {} devices; give one '
             'iterator per device'.format(len(iterator), n_devices))
     return list(iterator)
+
+
+def _check_batch_size(iterator, n_devices):
+    """Raises ValueError where the iterator's batch (when it tells its
+    size) is too small to give every device an example."""
+    batch_size = getattr(iterator, 'batch_size', None)
+    if batch_size is not None and batch_size < n_devices:
+        raise ValueError(
+            'batch size {} is smaller than the number of devices ({}): '
+            'every device needs at least one example'.format(
+                batch_size, n_devices))
 
 
 def _iterator_names(iterators):
