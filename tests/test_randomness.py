@@ -97,8 +97,12 @@ def _params(model):
 
 def _cgdp(workers, devices=('@numpy', '@numpy')):
     def make(iterator, optimizer):
+        # NoisyMLP's loss is a mean. F.gaussian draws in test mode too, so
+        # the first iteration's check could not tell (and would refuse):
+        # the reduction is given, as USAGE says to.
         return cgdp_chainer.CGDPUpdater(iterator, optimizer, list(devices),
-                                        chunk_size=1, workers=workers)
+                                        chunk_size=1, workers=workers,
+                                        reduction='mean')
     return make
 
 

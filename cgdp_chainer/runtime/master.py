@@ -139,17 +139,19 @@ def _differ(value, known):
     return value != known
 
 
-# Extensions that neither read the model's persistent values nor write the
-# model (they read observations, the optimizer's hyperparameters, or the
-# parameters only, which the master always holds).
-_QUIET = (
+# Extensions that read only observations, the optimizer's hyperparameters
+# or the parameters' values, which the master always holds.
+_OBSERVERS = (
     extensions.LogReport, extensions.PrintReport, extensions.ProgressBar,
     extensions.PlotReport, extensions.MicroAverage,
     extensions.ExponentialShift, extensions.InverseShift,
     extensions.LinearShift, extensions.MultistepShift,
     extensions.PolynomialShift, extensions.StepShift, extensions.WarmupShift,
-    extensions.FailOnNonNumber, extensions.ParameterStatistics,
+    extensions.FailOnNonNumber,
 )
+# Extensions that neither read the model's persistent values nor write the
+# model.
+_QUIET = _OBSERVERS + (extensions.ParameterStatistics,)
 # Extensions that read the model but leave it unchanged.
 _READERS = (extensions.Evaluator, extensions.DumpGraph,
             extensions.VariableStatisticsPlot,
@@ -172,14 +174,8 @@ def reads_and_writes(extension):
 # observations, hyperparameters, the parameters' values or run forwards.
 # ParameterStatistics and VariableStatisticsPlot read gradients; so may any
 # other extension, or the function given to observe_value.
-_GRADIENT_BLIND = (
-    extensions.LogReport, extensions.PrintReport, extensions.ProgressBar,
-    extensions.PlotReport, extensions.MicroAverage,
-    extensions.ExponentialShift, extensions.InverseShift,
-    extensions.LinearShift, extensions.MultistepShift,
-    extensions.PolynomialShift, extensions.StepShift, extensions.WarmupShift,
-    extensions.FailOnNonNumber, extensions.Evaluator, extensions.DumpGraph,
-    type(extensions.snapshot()),
+_GRADIENT_BLIND = _OBSERVERS + (
+    extensions.Evaluator, extensions.DumpGraph, type(extensions.snapshot()),
 )
 
 

@@ -27,6 +27,8 @@ import random
 import chainer
 import numpy
 
+from cgdp_chainer.runtime import shared
+
 KINDS = ('sum', 'mean')
 
 # Relative tolerance of the first iteration's comparisons: the whole batch
@@ -458,7 +460,7 @@ def probe_forwards(link, loss_func, inputs_list):
             for in_arrays in inputs_list:
                 observation = {}
                 with reporter.scope(observation):
-                    loss = _call_with(loss_func or link, in_arrays)
+                    loss = shared.call_with(loss_func or link, in_arrays)
                 # Every forward starts from the same state (a model that
                 # counts its calls takes the same branch in each).
                 saved.restore()
@@ -472,15 +474,6 @@ def probe_forwards(link, loss_func, inputs_list):
         numpy.random.set_state(numpy_state)
         random.setstate(python_state)
     return forwards
-
-
-def _call_with(func, in_arrays):
-    # As StandardUpdater calls its loss function.
-    if isinstance(in_arrays, tuple):
-        return func(*in_arrays)
-    if isinstance(in_arrays, dict):
-        return func(**in_arrays)
-    return func(in_arrays)
 
 
 class _LinkState(object):

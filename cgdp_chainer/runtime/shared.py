@@ -329,3 +329,19 @@ def map_arrays(func, in_arrays):
     """
     structure, arrays = flatten_inputs(in_arrays)
     return unflatten_inputs(structure, [func(array) for array in arrays])
+
+
+def call_with(func, in_arrays):
+    """Calls a loss function on a converted batch as ``StandardUpdater``
+    does: a tuple as positional arguments, a dict as keyword arguments,
+    anything else as the one argument.
+
+    Args:
+        func (callable): The loss function (or the model).
+        in_arrays: The converter's output.
+    """
+    if isinstance(in_arrays, tuple):
+        return func(*in_arrays)
+    if isinstance(in_arrays, dict):
+        return func(**in_arrays)
+    return func(in_arrays)

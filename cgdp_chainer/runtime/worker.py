@@ -254,7 +254,7 @@ class ReplicaWorker(object):
         return report
 
     def _loss(self, in_arrays):
-        loss = _call_with(self.loss_func or self.replica, in_arrays)
+        loss = shared.call_with(self.loss_func or self.replica, in_arrays)
         if not isinstance(loss, chainer.Variable):
             raise ValueError(
                 'the loss function must return a chainer.Variable, not '
@@ -340,15 +340,6 @@ def send_inputs(device, in_arrays):
         in_arrays: The converted sub-batch, in host memory.
     """
     return shared.map_arrays(device.send_array, in_arrays)
-
-
-def _call_with(func, in_arrays):
-    # As StandardUpdater calls its loss function.
-    if isinstance(in_arrays, tuple):
-        return func(*in_arrays)
-    if isinstance(in_arrays, dict):
-        return func(**in_arrays)
-    return func(in_arrays)
 
 
 def save_persistents(link):
