@@ -479,6 +479,31 @@ def accumulator_bandwidth(model, n_slots=4, repeats=3):
     return bytes_moved / best, best, n_floats
 
 
+def print_pairs(base, args):
+    """Prints the ``pairs`` comparison: two replicas, every runtime and the
+    limit, and the exposed sync."""
+    medians, timelines = compare(
+        base, ['parallel', 'cgdp', 'cgdp-thread'], 2, args,
+        with_limit=True)
+    parallel = medians['parallel']
+    print('[pairs] 2 replicas: ParallelUpdater {:.3f} s, CGDP processes '
+          '{:.3f} s, CGDP threads {:.3f} s, limit (2 StandardUpdater '
+          'processes, 1 BLAS thread each, side by side) {:.3f} s'.format(
+              parallel, medians['cgdp'], medians['cgdp-thread'],
+              medians['limit']))
+    print('[pairs] CGDP processes / Parallel = {:.3f} (target <= 0.70); '
+          'threads / Parallel = {:.3f}; limit / Parallel = {:.3f}; '
+          'CGDP processes / limit = {:.3f} (target <= 1.15)'.format(
+              medians['cgdp'] / parallel,
+              medians['cgdp-thread'] / parallel,
+              medians['limit'] / parallel,
+              medians['cgdp'] / medians['limit']), flush=True)
+    exposed, alone = exposed_sync(timelines['cgdp'], args.warmup)
+    print('[pairs] exposed sync per iteration {:.4f} s; the last '
+          "chunk's sync alone {:.4f} s".format(exposed, alone),
+          flush=True)
+
+
 def build_parser():
     parser = cli.ArgumentParser(prog='python -m benchmarks.runtime',
                                 description=__doc__.splitlines()[0])
@@ -507,26 +532,7 @@ def main(argv=None):
               args.net, args.image_size, args.batch, args.iterations,
               args.rounds, blas.cpu_cores()), flush=True)
     if 'pairs' in parts:
-        medians, timelines = compare(
-            base, ['parallel', 'cgdp', 'cgdp-thread'], 2, args,
-            with_limit=True)
-        parallel = medians['parallel']
-        print('[pairs] 2 replicas: ParallelUpdater {:.3f} s, CGDP processes '
-              '{:.3f} s, CGDP threads {:.3f} s, limit (2 StandardUpdater '
-              'processes, 1 BLAS thread each, side by side) {:.3f} s'.format(
-                  parallel, medians['cgdp'], medians['cgdp-thread'],
-                  medians['limit']))
-        print('[pairs] CGDP processes / Parallel = {:.3f} (target <= 0.70); '
-              'threads / Parallel = {:.3f}; limit / Parallel = {:.3f}; '
-              'CGDP processes / limit = {:.3f} (target <= 1.15)'.format(
-                  medians['cgdp'] / parallel,
-                  medians['cgdp-thread'] / parallel,
-                  medians['limit'] / parallel,
-                  medians['cgdp'] / medians['limit']), flush=True)
-        exposed, alone = exposed_sync(timelines['cgdp'], args.warmup)
-        print('[pairs] exposed sync per iteration {:.4f} s; the last '
-              "chunk's sync alone {:.4f} s".format(exposed, alone),
-              flush=True)
+        print_pairs(base, args)
     if 'four' in parts:
         medians, _ = compare(base, ['parallel', 'cgdp'], 4, args)
         print('[four] 4 replicas: ParallelUpdater {:.3f} s, CGDP {:.3f} s, '
