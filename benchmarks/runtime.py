@@ -2,7 +2,7 @@
 
     python -m benchmarks.runtime [--net resnet152] [--image-size 64]
         [--batch 4] [--iterations 5] [--warmup 2] [--rounds 2]
-        [--parts all | pairs,four,one,forms,startup,host]
+        [--parts all | pairs,four,one,forms,startup,host,short,hostwork]
 
 Prints ratios (machines here are shared and noisy, so only ratios from one
 run mean anything), each with its target or measured limit:
@@ -25,12 +25,26 @@ run mean anything), each with its target or measured limit:
 - ``host``: the host accumulator alone: reduce 4 slots and apply
   MomentumSGD over the network's parameters, as a fraction of a NumPy
   copy's bandwidth measured in the same run.
+- ``short``: the short-iteration regime of GPUs, where per-array host work
+  shows: ``models.examples:many_arrays`` (604 parameter arrays, little
+  compute; its own net whatever ``--net`` says) at 8 px, CGDP with 1 and 2
+  process replicas against StandardUpdater and the 2-process limit, each
+  timed three ways: plain ``update()`` calls, inside ``unattended()``, and
+  inside a Trainer's loop with LogReport only.
+- ``hostwork``: the per-iteration host work that grows with the parameter
+  count, each part timed alone on the short regime's net and on ``--net``,
+  for 2 process replicas: the structure check, the identity checks of the
+  publishes, the BatchNormalization statistics' hand-over (outside a
+  Trainer's loop), the comparison of the persistent values, and the chunk
+  signals (a round trip per chunk).
 """
 import copy
 import collections
 import multiprocessing
 import os
+import pickle
 import statistics
+import tempfile
 import threading
 import time
 
@@ -45,13 +59,22 @@ import numpy
 
 import cgdp_chainer
 from cgdp_chainer.runtime import accumulator as accumulator_module
+from cgdp_chainer.runtime import master as master_module
 from cgdp_chainer import blas
 from cgdp_chainer import datasets
 from cgdp_chainer.runtime import readiness
 from cgdp_chainer.runtime import shared
 from cgdp_chainer.runtime import transfer as transfer_module
+from cgdp_chainer.runtime import worker as worker_module
 
-PARTS = ('pairs', 'four', 'one', 'forms', 'startup', 'host')
+PARTS = ('pairs', 'four', 'one', 'forms', 'startup', 'host', 'short',
+         'hostwork')
+
+# The short-iteration regime's net and image side (see ``short``).
+SHORT_NET = 'models.examples:many_arrays'
+SHORT_IMAGE_SIZE = 8
+# How the short regime's updates are driven.
+DRIVES = ('plain', 'unattended', 'trainer')
 
 
 def _iterator(n_devices, batch, image_size):
@@ -153,6 +176,161 @@ def compare(base, modes, n_devices, args, with_limit=False):
     if with_limit:
         medians['limit'] = statistics.median(limits)
     return medians, timelines
+
+
+class _StampingStop(object):
+    """A Trainer's stop trigger that stamps the time of each check: the
+    loop checks it before every update, so consecutive stamps bound one
+    iteration with its extensions (a trigger is no extension, so the
+    updater does not count it among those that may read the model)."""
+
+    def __init__(self, iterations):
+        self.iterations = iterations
+        self.stamps = []
+
+    def __call__(self, trainer):
+        self.stamps.append(time.perf_counter())
+        return trainer.updater.iteration >= self.iterations
+
+
+def driven_times(updater, iterations, warmup, drive):
+    """Seconds of each measured update of ``updater``, driven by plain
+    ``update()`` calls, inside ``unattended()`` (CGDP only) or by a
+    Trainer whose only extension is LogReport.
+
+    Args:
+        updater: The updater; finalized at the end.
+        iterations (int): Measured updates.
+        warmup (int): Updates before them, not measured.
+        drive (str): One of :data:`DRIVES`.
+    """
+    if drive == 'plain':
+        return _iteration_times(updater, iterations, warmup)
+    if drive == 'unattended':
+        with updater.unattended():
+            return _iteration_times(updater, iterations, warmup)
+    stop = _StampingStop(warmup + iterations)
+    with tempfile.TemporaryDirectory() as out:
+        trainer = chainer.training.Trainer(updater, stop, out=out)
+        trainer.extend(chainer.training.extensions.LogReport(
+            trigger=(10 ** 9, 'iteration')))
+        trainer.run()
+    stamps = stop.stamps[warmup:]
+    return [b - a for a, b in zip(stamps, stamps[1:])]
+
+
+def short_regime(args):
+    """Median seconds per iteration of the short-iteration regime: per
+    drive, StandardUpdater and CGDP with 1 and 2 process replicas, and the
+    2-process limit; alternated round by round."""
+    short = copy.copy(args)
+    short.net, short.image_size = SHORT_NET, SHORT_IMAGE_SIZE
+    base = models.Classifier(models.get_model(SHORT_NET, seed=0))
+    times = collections.defaultdict(list)
+    for _ in range(args.rounds):
+        for drive in DRIVES:
+            if drive != 'unattended':
+                updater = _updater('standard', copy.deepcopy(base), 1,
+                                   args.batch, SHORT_IMAGE_SIZE)
+                times['standard', drive] += driven_times(
+                    updater, args.iterations, args.warmup, drive)
+            for n_devices in (1, 2):
+                updater = _updater('cgdp', copy.deepcopy(base), n_devices,
+                                   args.batch, SHORT_IMAGE_SIZE)
+                times['cgdp{}'.format(n_devices), drive] += driven_times(
+                    updater, args.iterations, args.warmup, drive)
+        times['limit', 'plain'].append(limit_seconds(short, 2))
+    return {key: statistics.median(values) for key, values in times.items()}
+
+
+def print_short_regime(medians):
+    """Prints the short regime's ratios, with the issue's goals."""
+    limit = medians['limit', 'plain']
+    print('[short] {} at {} px: limit (2 StandardUpdater processes side by '
+          'side) {:.4f} s'.format(SHORT_NET, SHORT_IMAGE_SIZE, limit))
+    for drive in DRIVES:
+        standard = medians.get(('standard', drive),
+                               medians['standard', 'plain'])
+        one, two = medians['cgdp1', drive], medians['cgdp2', drive]
+        print('[short] {}: StandardUpdater {:.4f} s, CGDP 1 replica {:.4f} '
+              's, 2 replicas {:.4f} s; 1 replica / Standard = {:.3f} (goal '
+              '<= 1.00), 2 replicas / limit = {:.3f} (goal <= 1.05)'.format(
+                  drive, standard, one, two, one / standard, two / limit),
+              flush=True)
+
+
+def _best_seconds(func, repeats=20):
+    best = float('inf')
+    for _ in range(repeats):
+        start = time.perf_counter()
+        func()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _statistics_hand_over(master, record):
+    """What an update outside a Trainer's loop does with replica 0's
+    statistics: saved there, through the pipe, loaded and remembered."""
+    values = pickle.loads(pickle.dumps(worker_module.save_persistents(
+        master), protocol=pickle.HIGHEST_PROTOCOL))
+    worker_module.load_persistents(master, values,
+                                   chainer.get_device('@numpy'))
+    record.remember(values)
+
+
+def host_work(net, args, n_replicas=2):
+    """Seconds per iteration of each part of the host work that grows
+    with the parameter count (see ``hostwork``), for ``n_replicas``
+    process replicas, and the plain StandardUpdater's iteration for
+    scale."""
+    image_size = SHORT_IMAGE_SIZE if net == SHORT_NET else args.image_size
+    base = models.Classifier(models.get_model(net, seed=0))
+    master = copy.deepcopy(base)
+    params = collections.OrderedDict(master.namedparams())
+    structure = master_module.MasterStructure(master)
+    shared_master = transfer_module.SharedMaster(
+        params, {name: p.array.copy() for name, p in params.items()})
+    record = master_module.PersistentsRecord(master)
+    names = list(params)
+    parts = collections.OrderedDict()
+    parts['structure check'] = _best_seconds(lambda: structure.check(master))
+    # Each replica's publish at the start of update(), and the
+    # accumulator's after each chunk's update.
+    parts['identity checks'] = (n_replicas + 1) * _best_seconds(
+        lambda: shared_master.sync(names))
+    parts['statistics hand-over'] = _best_seconds(
+        lambda: _statistics_hand_over(master, record))
+    parts['persistents comparison'] = _best_seconds(record.changed)
+    shared_master.release()
+    updater = _updater('cgdp', copy.deepcopy(base), n_replicas, args.batch,
+                       image_size)
+    try:
+        for _ in range(2):
+            updater.update()
+        round_trip = updater.signal_round_trip_seconds(repeats=50)
+        # A round trip per chunk bounds the one-way signals from above;
+        # they overlap the backward.
+        parts['chunk signals (bound)'] = \
+            round_trip * updater.chunk_plan.n_chunks
+        n_chunks = updater.chunk_plan.n_chunks
+    finally:
+        updater.finalize()
+    standard = statistics.median(driven_times(
+        _updater('standard', copy.deepcopy(base), 1, args.batch,
+                 image_size), args.iterations, args.warmup, 'plain'))
+    return parts, len(names), n_chunks, standard
+
+
+def print_host_work(net, args):
+    """Prints :func:`host_work`'s parts for ``net``."""
+    parts, n_arrays, n_chunks, standard = host_work(net, args)
+    print('[hostwork] {}: {} parameter arrays, {} chunks; StandardUpdater '
+          '{:.4f} s per iteration'.format(net, n_arrays, n_chunks,
+                                          standard))
+    for part, seconds in parts.items():
+        print('[hostwork]   {}: {:.3f} ms per iteration ({:.1f}% of '
+              'StandardUpdater\'s iteration)'.format(
+                  part, seconds * 1e3, 100 * seconds / standard), flush=True)
 
 
 def exposed_sync(timeline, warmup):
@@ -301,6 +479,31 @@ def accumulator_bandwidth(model, n_slots=4, repeats=3):
     return bytes_moved / best, best, n_floats
 
 
+def print_pairs(base, args):
+    """Prints the ``pairs`` comparison: two replicas, every runtime and the
+    limit, and the exposed sync."""
+    medians, timelines = compare(
+        base, ['parallel', 'cgdp', 'cgdp-thread'], 2, args,
+        with_limit=True)
+    parallel = medians['parallel']
+    print('[pairs] 2 replicas: ParallelUpdater {:.3f} s, CGDP processes '
+          '{:.3f} s, CGDP threads {:.3f} s, limit (2 StandardUpdater '
+          'processes, 1 BLAS thread each, side by side) {:.3f} s'.format(
+              parallel, medians['cgdp'], medians['cgdp-thread'],
+              medians['limit']))
+    print('[pairs] CGDP processes / Parallel = {:.3f} (target <= 0.70); '
+          'threads / Parallel = {:.3f}; limit / Parallel = {:.3f}; '
+          'CGDP processes / limit = {:.3f} (target <= 1.15)'.format(
+              medians['cgdp'] / parallel,
+              medians['cgdp-thread'] / parallel,
+              medians['limit'] / parallel,
+              medians['cgdp'] / medians['limit']), flush=True)
+    exposed, alone = exposed_sync(timelines['cgdp'], args.warmup)
+    print('[pairs] exposed sync per iteration {:.4f} s; the last '
+          "chunk's sync alone {:.4f} s".format(exposed, alone),
+          flush=True)
+
+
 def build_parser():
     parser = cli.ArgumentParser(prog='python -m benchmarks.runtime',
                                 description=__doc__.splitlines()[0])
@@ -321,32 +524,15 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     cli.check_image_size(args.net, args.image_size)
     parts = args.parts
-    base = models.Classifier(models.get_model(args.net, seed=0))
+    # The short regime builds its own net: --net's is built only if used.
+    base = None if set(parts) <= {'short', 'hostwork'} else \
+        models.Classifier(models.get_model(args.net, seed=0))
     print('{} at {} px, batch {} per replica, {} measured iterations x {} '
           'rounds (median), {} cores'.format(
               args.net, args.image_size, args.batch, args.iterations,
               args.rounds, blas.cpu_cores()), flush=True)
     if 'pairs' in parts:
-        medians, timelines = compare(
-            base, ['parallel', 'cgdp', 'cgdp-thread'], 2, args,
-            with_limit=True)
-        parallel = medians['parallel']
-        print('[pairs] 2 replicas: ParallelUpdater {:.3f} s, CGDP processes '
-              '{:.3f} s, CGDP threads {:.3f} s, limit (2 StandardUpdater '
-              'processes, 1 BLAS thread each, side by side) {:.3f} s'.format(
-                  parallel, medians['cgdp'], medians['cgdp-thread'],
-                  medians['limit']))
-        print('[pairs] CGDP processes / Parallel = {:.3f} (target <= 0.70); '
-              'threads / Parallel = {:.3f}; limit / Parallel = {:.3f}; '
-              'CGDP processes / limit = {:.3f} (target <= 1.15)'.format(
-                  medians['cgdp'] / parallel,
-                  medians['cgdp-thread'] / parallel,
-                  medians['limit'] / parallel,
-                  medians['cgdp'] / medians['limit']), flush=True)
-        exposed, alone = exposed_sync(timelines['cgdp'], args.warmup)
-        print('[pairs] exposed sync per iteration {:.4f} s; the last '
-              "chunk's sync alone {:.4f} s".format(exposed, alone),
-              flush=True)
+        print_pairs(base, args)
     if 'four' in parts:
         medians, _ = compare(base, ['parallel', 'cgdp'], 4, args)
         print('[four] 4 replicas: ParallelUpdater {:.3f} s, CGDP {:.3f} s, '
@@ -384,6 +570,11 @@ def main(argv=None):
         print('[startup] sub-batch hand-over through shared memory: {:.2f} '
               'ms per iteration for 2 replicas ({:.1f} MB)'.format(
                   hand_over * 1e3, batch_bytes / 1e6), flush=True)
+    if 'short' in parts:
+        print_short_regime(short_regime(args))
+    if 'hostwork' in parts:
+        for net in (SHORT_NET, args.net):
+            print_host_work(net, args)
     if 'host' in parts:
         model = models.get_model(args.net, seed=0)
         bandwidth, seconds, n_floats = accumulator_bandwidth(model)

@@ -11,6 +11,9 @@ commands' default ``--classes``)::
   without downloading weights), ending in its 1000-way ``fc6``.
 - :func:`tiny`: two small convolutions, a batch normalization and a linear
   layer, for quick tests and trials (any image side from 8 pixels).
+- :func:`many_arrays`: 150 residual blocks of a 32-wide linear layer and a
+  batch normalization (about ResNet-152's count of parameter arrays, with
+  little compute): the short-iteration regime of ``benchmarks/runtime.py``.
 """
 import chainer
 import chainer.functions as F
@@ -79,3 +82,46 @@ def resnet50():
 def tiny():
     """A tiny convolutional network giving 1000 class scores."""
     return Tiny()
+
+
+class ManyArrays(chainer.Chain):
+    """Global average pooling, then ``n_blocks`` residual blocks of a
+    ``width``-wide linear layer and a batch normalization, then a linear
+    layer: many small parameter arrays (four a block) and little compute,
+    so that an iteration's per-array work shows.
+
+    Args:
+        n_blocks (int): Residual blocks.
+        width (int): Features of every block.
+        n_classes (int): Scores per image.
+    """
+
+    def __init__(self, n_blocks=150, width=32, n_classes=CLASSES):
+        super(ManyArrays, self).__init__()
+        with self.init_scope():
+            self.stem = L.Linear(3, width)
+            self.blocks = chainer.ChainList(*[
+                chainer.Sequential(L.Linear(width, width),
+                                   L.BatchNormalization(width))
+                for _ in range(n_blocks)])
+            self.fc = L.Linear(width, n_classes)
+
+    def forward(self, x):
+        """Class scores of an image batch.
+
+        Args:
+            x (chainer.Variable or array): Shape (N, 3, S, S).
+
+        Returns:
+            chainer.Variable: Shape (N, n_classes).
+        """
+        h = self.stem(F.mean(x, axis=(2, 3)))
+        for block in self.blocks:
+            h = F.relu(h + block(h))
+        return self.fc(h)
+
+
+def many_arrays():
+    """150 residual linear + batch-normalization blocks (604 parameter
+    arrays) giving 1000 class scores."""
+    return ManyArrays()
