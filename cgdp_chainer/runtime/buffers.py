@@ -1,0 +1,251 @@
+"""One flat buffer for a model's parameters, in which each chunk is a slice.
+
+The master's parameters, each replica's gradient slots, the master's
+gradients and the fused optimizer state all follow one
+:class:`FlatLayout`: every parameter is a view into one flat buffer, at the
+same offset in each. Once the chunk plan is formed the layout follows its
+layer order (input side first), so that every chunk, for any chunk size
+the plan may take later (the ``'auto'`` search cuts the same layer sequence
+differently), is one contiguous slice of each buffer: a chunk's hand-over is
+one copy per direction, and the host's reduce and update of a chunk is one
+fused call over flat slices, as PyTorch DDP's buckets and Apex's flat master
+parameters are.
+
+Parameters of one dtype follow each other without gaps, so a chunk of
+float32 parameters is one float32 run; where the dtype changes, the next
+parameter starts on a cache line.
+"""
+import collections
+import math
+
+import numpy
+
+# Where the dtype changes, the next run starts on a cache line (so that two
+# runs never share one between threads).
+_RUN_ALIGN = 64
+
+Run = collections.namedtuple('Run', ('dtype', 'start', 'stop', 'names'))
+Run.__doc__ = """A slice of a chunk whose parameters share one dtype.
+
+Attributes:
+    dtype (numpy.dtype): Their dtype.
+    start (int): Its first byte in the flat buffer.
+    stop (int): The byte after its last.
+    names (tuple of str): The parameters in it, in buffer order.
+"""
+
+Span = collections.namedtuple('Span', ('start', 'stop', 'runs'))
+Span.__doc__ = """A chunk's slice of the flat buffer.
+
+Attributes:
+    start (int): Its first byte.
+    stop (int): The byte after its last.
+    runs (tuple of Run): Its runs of one dtype each, in buffer order.
+"""
+
+
+class FlatLayout(object):
+    """Where each parameter lies in a flat buffer of bytes.
+
+    Args:
+        specs (sequence): ``(name, shape, dtype)`` per parameter, in buffer
+            order.
+    """
+
+    def __init__(self, specs):
+        self.names = tuple(name for name, _, _ in specs)
+        self.entries = collections.OrderedDict()
+        offset = 0
+        previous = None
+        for name, shape, dtype in specs:
+            dtype = numpy.dtype(dtype)
+            if dtype != previous:
+                offset = -(-offset // _RUN_ALIGN) * _RUN_ALIGN
+                previous = dtype
+            n_bytes = math.prod(shape) * dtype.itemsize
+            self.entries[name] = (offset, tuple(shape), dtype)
+            offset += n_bytes
+        self.nbytes = offset
+        # The most bytes any order of the same parameters needs.
+        self.capacity = sum(math.prod(shape) * numpy.dtype(dtype).itemsize
+                            for _, shape, dtype in specs) + \
+            _RUN_ALIGN * (len(specs) + 1)
+        self._position = {name: i for i, name in enumerate(self.names)}
+        self._spans = {}
+
+    @classmethod
+    def of_arrays(cls, arrays):
+        """The layout of a mapping of name -> array (anything with
+        ``shape`` and ``dtype``), in its order."""
+        return cls([(name, a.shape, a.dtype) for name, a in arrays.items()])
+
+    def reordered(self, names):
+        """The same parameters laid out in the order of ``names``."""
+        if sorted(names) != sorted(self.names):
+            raise ValueError('a new order must name each parameter of the '
+                             'layout once')
+        return FlatLayout([(name,) + self.entries[name][1:]
+                           for name in names])
+
+    def __eq__(self, other):
+        return isinstance(other, FlatLayout) and \
+            self.entries == other.entries
+
+    def __ne__(self, other):
+        return not self == other
+
+    def __getstate__(self):
+        return {'specs': [(name, shape, dtype.str) for name, (_, shape, dtype)
+                          in self.entries.items()]}
+
+    def __setstate__(self, state):
+        self.__init__(state['specs'])
+
+    def views(self, buffer, names=None):
+        """Each parameter's array in ``buffer``.
+
+        Args:
+            buffer: A flat ``uint8`` array (NumPy or CuPy) of at least
+                :attr:`nbytes` bytes.
+            names (iterable or None): The parameters to view (default: all).
+
+        Returns:
+            collections.OrderedDict: Name -> a view of its shape and dtype.
+        """
+        views = collections.OrderedDict()
+        for name in self.names if names is None else names:
+            offset, shape, dtype = self.entries[name]
+            n_bytes = math.prod(shape) * dtype.itemsize
+            views[name] = buffer[offset:offset + n_bytes].view(
+                dtype).reshape(shape)
+        return views
+
+    def contiguous(self, names):
+        """Whether ``names`` lie next to each other in this layout (in any
+        order among themselves)."""
+        positions = sorted(self._position[name] for name in names)
+        return bool(positions) and positions[-1] - positions[0] + 1 == \
+            len(positions)
+
+    def span(self, names):
+        """The slice of the buffer that ``names`` (a chunk) occupy.
+
+        Raises:
+            ValueError: They do not lie next to each other.
+        """
+        key = tuple(names)
+        span = self._spans.get(key)
+        if span is not None:
+            return span
+        if not self.contiguous(key):
+            raise ValueError('the parameters of a chunk must lie next to '
+                             'each other in the flat layout')
+        ordered = sorted(key, key=self._position.__getitem__)
+        runs, run = [], []
+        for name in ordered:
+            if run and self.entries[run[-1]][2] != self.entries[name][2]:
+                runs.append(self._run(run))
+                run = []
+            run.append(name)
+        runs.append(self._run(run))
+        span = Span(runs[0].start, runs[-1].stop, tuple(runs))
+        self._spans[key] = span
+        return span
+
+    def _run(self, names):
+        first, (_, last_shape, dtype) = self.entries[names[0]][0], \
+            self.entries[names[-1]]
+        stop = self.entries[names[-1]][0] + \
+            math.prod(last_shape) * dtype.itemsize
+        return Run(dtype, first, stop, tuple(names))
+
+
+def typed(buffer, run):
+    """A run of a flat buffer as a 1-D array of the run's dtype."""
+    return buffer[run.start:run.stop].view(run.dtype)
+
+
+def host_buffer(n_bytes, allocate=None):
+    """A flat host buffer of ``n_bytes`` (zeros), aligned to a cache line.
+
+    Args:
+        n_bytes (int): Its size.
+        allocate (callable or None): ``allocate(n_bytes)`` returns a
+            ``uint8`` array (pinned memory, say); default: NumPy's.
+    """
+    if allocate is not None:
+        buffer = allocate(n_bytes + _RUN_ALIGN)
+        buffer[...] = 0
+    else:
+        buffer = numpy.zeros(n_bytes + _RUN_ALIGN, numpy.uint8)
+    skip = -buffer.ctypes.data % _RUN_ALIGN
+    return buffer[skip:skip + n_bytes]
+
+
+class FlatMaster(object):
+    """The master's parameter arrays as views of one flat host buffer.
+
+    Update rules that rebind a parameter's array instead of writing in place
+    are followed by :meth:`sync`, which copies the new values back into the
+    buffer, so replicas always read the current weights; so is user code
+    that replaced an array between iterations.
+
+    Args:
+        master_params (dict): Parameter path -> master parameter, in the
+            order of ``layout``.
+        layout (FlatLayout): Where each lies.
+        buffer (numpy.ndarray): Flat ``uint8`` host memory (shared, pinned
+            or private) of at least ``layout.capacity`` bytes.
+    """
+
+    def __init__(self, master_params, layout, buffer):
+        if buffer.size < layout.capacity:
+            raise ValueError('the flat buffer holds {} bytes; the layout '
+                             'needs {}'.format(buffer.size, layout.capacity))
+        self.master_params = master_params
+        self.layout = layout
+        self.buffer = buffer
+        self.arrays = layout.views(buffer)
+        for name, param in master_params.items():
+            self.arrays[name][...] = param.array
+            param.array = self.arrays[name]
+
+    def sync(self, names):
+        """Copies into the buffer the parameters of ``names`` whose arrays
+        were replaced, and makes them views again."""
+        arrays = self.arrays
+        for name in names:
+            param = self.master_params[name]
+            shared = arrays[name]
+            if param.array is not shared:
+                shared[...] = param.array
+                param.array = shared
+
+    def relayout(self, layout):
+        """Moves every parameter to its place in ``layout``, in the same
+        buffer (nothing may read the buffer meanwhile)."""
+        values = {name: param.array.copy()
+                  for name, param in self.master_params.items()}
+        self.layout = layout
+        self.arrays = layout.views(self.buffer)
+        for name, param in self.master_params.items():
+            self.arrays[name][...] = values[name]
+            param.array = self.arrays[name]
+
+    def release(self):
+        """Gives the master private copies of its arrays again (before the
+        buffer is freed: the user keeps the trained model)."""
+        for name, param in self.master_params.items():
+            if param.array is self.arrays.get(name):
+                param.array = param.array.copy()
+            if param.grad is not None and param.grad.base is not None:
+                # A flat buffer's view lent as the gradient.
+                param.grad = param.grad.copy()
+        self.arrays = {}
+
+
+def layer_order(plan):
+    """The order of parameters that makes every chunk of ``plan``, and of
+    any plan cut from the same sequence of layers, a slice: that sequence
+    reversed (the input side first, as the runtime counts chunks)."""
+    return [name for chunk in plan.chunks for name in chunk][::-1]
