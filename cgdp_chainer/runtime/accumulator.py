@@ -6,6 +6,7 @@ import warnings
 
 import numpy
 
+from cgdp_chainer.runtime import buffers
 from cgdp_chainer.runtime import host_update as host_update_module
 from cgdp_chainer.runtime.reduction import reduce_sum, reduce_weighted  # NOQA: public here too
 
@@ -72,7 +73,11 @@ class HostAccumulator(object):
     Adam and its variants, with the hooks ``WeightDecay``, ``Lasso`` and
     ``GradientHardClipping``; see :mod:`cgdp_chainer.runtime.host_update`),
     the reduction and the update of a parameter are one pass over its slots,
-    the parameter and its state, split across the host's cores. Under MPI
+    the parameter and its state, split across the host's cores. The
+    parameters, the devices' slots, the master's gradients and the fused
+    state are views of flat buffers laid out alike
+    (:mod:`~cgdp_chainer.runtime.buffers`), so a chunk whose rules share
+    their scalars is one call over one slice of each. Under MPI
     the chunk is reduced and all-reduced first and the fused update reads
     the result. Everything else runs Chainer's own update rule on the
     reduced ``param.grad``.
@@ -97,12 +102,16 @@ class HostAccumulator(object):
 
     Args:
         optimizer (chainer.GradientMethod): Set up on the master model.
-        transfers (list): One transfer object per device
-            (see :mod:`cgdp_chainer.transfer`).
-        chunk_names (list of list of str): Parameter paths per chunk.
+        transfers (list): One port per device (see
+            :mod:`cgdp_chainer.runtime.transfer`), each with a flat
+            ``slot_buffer`` laid out as ``master``'s.
+        chunk_names (list of list of str): Parameter paths per chunk, each
+            chunk next to each other in ``master``'s layout.
         reduction (str): ``'mean'`` (weighted by each device's share of the
             batch) or ``'sum'``.
         failures (FailureBox): Shared with the device workers.
+        master (cgdp_chainer.runtime.buffers.FlatMaster): The optimizer's
+            target's parameters as views of their flat buffer.
         n_threads (int or None): Host threads; default: CPU count, at most 4.
         timeline (Timeline or None): Records reduce, update, h2d and d2h.
         allreducer (object or None): Sums chunks across MPI ranks (see
@@ -110,14 +119,15 @@ class HostAccumulator(object):
     """
 
     def __init__(self, optimizer, transfers, chunk_names, reduction,
-                 failures, n_threads=None, timeline=None, allreducer=None):
+                 failures, master, n_threads=None, timeline=None,
+                 allreducer=None):
         self.optimizer = optimizer
         self.transfers = transfers
-        self.chunk_names = chunk_names
         self.reduction = reduction
         self.failures = failures
         self.timeline = timeline
         self.allreducer = allreducer
+        self.master = master
         self.master_params = dict(optimizer.target.namedparams())
         for name, param in self.master_params.items():
             if param.array is None:
@@ -125,21 +135,28 @@ class HostAccumulator(object):
                     'parameter {} is not initialized: run one forward pass '
                     'of the model (or give its layers input sizes) before '
                     'building the updater'.format(name))
-            grad = param.grad
-            if type(grad) is not numpy.ndarray or \
-                    grad.shape != param.array.shape or \
-                    grad.dtype != param.array.dtype or \
-                    not grad.flags.c_contiguous:
-                param.grad = numpy.zeros_like(param.array)
+        self._layout = master.layout
         # The master's own gradient arrays, never a device's slot, so that
         # what an update leaves in param.grad stays until the next one.
-        self._grads = {name: param.grad
-                       for name, param in self.master_params.items()}
+        self._grad_buffer = buffers.host_buffer(self._layout.capacity)
+        self._grads = self._layout.views(self._grad_buffer)
+        for name, param in self.master_params.items():
+            grad = param.grad
+            if grad is not None and getattr(grad, 'shape', None) == \
+                    param.shape and type(grad) is numpy.ndarray:
+                self._grads[name][...] = grad
+            param.grad = self._grads[name]
+        self._slot_views = [self._layout.views(t.slot_buffer)
+                            for t in transfers]
+        self._state = buffers.FlatState(self._layout)
+        self._programs = {}
+        self._chunk_names = chunk_names
         self._whole_gradient = bool(needs_whole_gradient(optimizer))
         self.deferred_update = self._whole_gradient
         self._warned_dynamic = False
         self._write_grads = True
         self._loss_scale = None
+        self._hook_program = None
         self.grads_written = 0
         if self._whole_gradient:
             warnings.warn(
@@ -165,7 +182,36 @@ class HostAccumulator(object):
         self._sequence_next = 0
         self._stopping = threading.Event()
 
-    def start_iteration(self, iteration, shares, write_grads=True):
+    @property
+    def chunk_names(self):
+        """Parameter paths per chunk (input side first)."""
+        return self._chunk_names
+
+    @chunk_names.setter
+    def chunk_names(self, chunk_names):
+        self._chunk_names = chunk_names
+        self._programs = {}
+
+    def relayout(self, layout):
+        """Follows the master (already moved by
+        :meth:`FlatMaster.relayout`) into ``layout``: the gradients and the
+        fused state move too, and the slots are viewed by it (between
+        iterations)."""
+        if layout == self._layout:
+            return
+        self._state.relayout(layout)
+        values = {name: grad.copy() for name, grad in self._grads.items()}
+        self._layout = layout
+        self._grads = layout.views(self._grad_buffer)
+        for name, param in self.master_params.items():
+            self._grads[name][...] = values[name]
+            param.grad = self._grads[name]
+        self._slot_views = [layout.views(t.slot_buffer)
+                            for t in self.transfers]
+        self._programs = {}
+
+    def start_iteration(self, iteration, shares, write_grads=True,
+                        revalidate=True):
         """Prepares for a new iteration.
 
         Args:
@@ -175,7 +221,13 @@ class HostAccumulator(object):
             write_grads (bool): Whether the master's ``param.grad`` must
                 hold the update's gradient afterwards (something may read
                 it); False spares the fused update that write.
+            revalidate (bool): Whether code other than the updater may have
+                touched the master, its update rules or their state since
+                the last iteration (then every chunk's fused runs are
+                formed again; else those of the last iteration hold).
         """
+        if revalidate:
+            self._programs = {}
         n_chunks = len(self.chunk_names)
         self._start_loss_scale()
         self._write_grads = bool(write_grads)
@@ -193,6 +245,11 @@ class HostAccumulator(object):
             self._weights = [1.0] * len(self.transfers)
         else:
             self._weights = list(shares)
+        self._hook_program = None
+        if self._host_update is not None:
+            self._hook_program = self._host_update.hooks(
+                *optimizer_hooks(self.optimizer),
+                loss_scale=self._loss_scale)
         if not self.deferred_update:
             # Chainer's GradientMethod.update advances t once per update.
             self.optimizer.t += 1
@@ -250,6 +307,8 @@ class HostAccumulator(object):
         self._pool.shutdown(wait=True, cancel_futures=True)
         if self._host_update is not None:
             self._host_update.close()
+        # The slots may be shared memory that the replicas free next.
+        self._slot_views = []
 
     def _guarded(self, task, *args):
         try:
@@ -279,7 +338,10 @@ class HostAccumulator(object):
         sequence = self._sequence_base + len(self.chunk_names) - 1 - chunk
         if self.deferred_update:
             with self._span('reduce', chunk):
-                self._reduce(names, sequence, chunk)
+                if self.allreducer is None:
+                    self._reduce(names)
+                else:
+                    self._reduce_across_ranks(names, sequence, chunk)
             with self._lock:
                 self._remaining -= 1
                 # Exactly one thread sees the count reach 1: all reduced.
@@ -289,64 +351,134 @@ class HostAccumulator(object):
                 self._update_whole_model()
             return
         if self.allreducer is None:
-            # Fused parameters are reduced inside their update.
-            fused, unfused, inputs = self._partition(names, from_slots=True)
+            # Fused runs are reduced inside their update.
+            program = self._program(chunk, names)
             with self._span('reduce', chunk):
-                self._reduce(unfused)
+                self._reduce(program.unfused)
         else:
             # The cross-rank sum needs every reduced gradient first.
             with self._span('reduce', chunk):
-                self._reduce(names, sequence, chunk)
-            fused, unfused, inputs = self._partition(names, from_slots=False)
+                self._reduce_across_ranks(names, sequence, chunk)
+            program = self._program(chunk, names)
         with self._span('update', chunk):
-            self._update(unfused)
-            if fused:
-                self._fused_update(fused, *inputs)
+            self._update(program.unfused)
+            if program.runs:
+                self._fused_update(program.runs,
+                                   from_slots=self.allreducer is None)
+        if program.unfused:
+            # Chainer's rules may rebind arrays, and their first update
+            # creates the state that lets the next iteration fuse.
+            self.master.sync(program.unfused)
+            self._programs.pop(chunk, None)
         with self._span('h2d', chunk):
             for transfer in self.transfers:
                 transfer.publish(chunk, names)
         self._finish_one()
 
-    def _reduce(self, names, sequence=None, chunk=None):
-        transfers = self.transfers
-        weights = self._weights
-        equal = all(w == weights[0] for w in weights)
-        # Local weights wait until after the cross-rank sum when equal, so
-        # that the global mean is one scaling of the global sum.
-        scale = weights[0] if equal and self.allreducer is None else None
-        reduced = []
+    def _program(self, chunk, names):
+        """The chunk's fused runs and unfused parameters (formed again after
+        anything but the updater may have touched the master)."""
+        program = self._programs.get(chunk)
+        if program is None:
+            program = self._programs[chunk] = self._form_program(names)
+        return program
+
+    def _form_program(self, names):
+        """Splits a chunk into runs that one fused call updates and the
+        parameters that Chainer's rules update.
+
+        A run is a stretch of the chunk's slice whose parameters the fused
+        rule takes (see :meth:`FusedRule.fuses`) with equal scalars
+        (:meth:`FusedRule.run_key`); their state is moved into the flat
+        state buffers, their gradients are the accumulator's views.
+        """
         for name in names:
             param = self.master_params[name]
-            slots = [t.slots[name] for t in transfers]
+            if param.grad is not self._grads[name]:
+                param.grad = self._grads[name]
+        host_update = self._host_update
+        if host_update is None or self._hook_program is None or not names:
+            return _ChunkProgram([], list(names))
+        fused_rule = host_update.fused_rule
+        runs, unfused = [], []
+        for run in self._layout.span(names).runs:
+            group, key = [], None
+            for name in run.names:
+                param = self.master_params[name]
+                rule = param.update_rule
+                if not fused_rule.fuses(param):
+                    unfused.append(name)
+                    runs.append(group)
+                    group, key = [], None
+                    continue
+                this_key = fused_rule.run_key(rule)
+                if group and this_key != key:
+                    runs.append(group)
+                    group = []
+                key = this_key
+                self._state.bind(name, rule, fused_rule.state_keys_of(rule))
+                group.append(name)
+            runs.append(group)
+        return _ChunkProgram(
+            [(self._layout.run_of(group),
+              [self.master_params[name].update_rule for name in group])
+             for group in runs if group], unfused)
+
+    def _reduce(self, names):
+        """Reduces the devices' slots of ``names`` into ``param.grad`` (the
+        parameters that Chainer's rules update)."""
+        weights = self._weights
+        equal = all(w == weights[0] for w in weights)
+        scale = weights[0] if equal else None
+        for name in names:
+            param = self.master_params[name]
+            slots = [views[name] for views in self._slot_views]
             if not self._write_grads and len(slots) == 1 and \
-                    scale in (None, 1.0) and \
-                    slots[0].shape == param.shape and \
-                    slots[0].dtype == param.dtype and \
-                    slots[0].flags.c_contiguous:
+                    scale in (None, 1.0):
                 # One device: its slot is the sum; lend it, copy nothing.
                 param.grad = slots[0]
-                reduced.append(slots[0])
                 continue
             out = param.grad = self._grads[name]
             if equal:
                 reduce_sum(out, slots, scale)
             else:
                 reduce_weighted(out, slots, weights)
-            reduced.append(out)
-        if self.allreducer is not None:
-            # Even a chunk without parameters takes its sequence number.
-            # Host threads may finish chunks in any order; numbering them
-            # from the output end makes every rank send them alike.
-            # The trace shows the cross-rank sum on the communication
-            # thread's track, from the request to its completion.
-            with self._span('allreduce', chunk,
-                            thread=self.allreducer.thread_name):
-                handle = self.allreducer.start(reduced, sequence=sequence)
-                self._wait_for(handle)
-            if self.reduction == 'mean':
-                scale = (weights[0] if equal else 1.0) / self.allreducer.size
-                for out in reduced:
-                    out *= out.dtype.type(scale)
+
+    def _reduce_across_ranks(self, names, sequence, chunk):
+        """Reduces the chunk's slice over the devices into the master's
+        gradients, then sums it across MPI ranks (one request per run)."""
+        weights = self._weights
+        equal = all(w == weights[0] for w in weights)
+        # Local weights wait until after the cross-rank sum when equal, so
+        # that the global mean is one scaling of the global sum.
+        reduced = []
+        if names:
+            for run in self._layout.span(names).runs:
+                out = buffers.typed(self._grad_buffer, run)
+                slots = [buffers.typed(t.slot_buffer, run)
+                         for t in self.transfers]
+                if equal:
+                    reduce_sum(out, slots)
+                else:
+                    reduce_weighted(out, slots, weights)
+                reduced.append(out)
+        for name in names:
+            param = self.master_params[name]
+            if param.grad is not self._grads[name]:
+                param.grad = self._grads[name]
+        # Even a chunk without parameters takes its sequence number.
+        # Host threads may finish chunks in any order; numbering them
+        # from the output end makes every rank send them alike.
+        # The trace shows the cross-rank sum on the communication
+        # thread's track, from the request to its completion.
+        with self._span('allreduce', chunk,
+                        thread=self.allreducer.thread_name):
+            handle = self.allreducer.start(reduced, sequence=sequence)
+            self._wait_for(handle)
+        if self.reduction == 'mean':
+            scale = (weights[0] if equal else 1.0) / self.allreducer.size
+            for out in reduced:
+                out *= out.dtype.type(scale)
 
     def _wait_for(self, handle):
         while True:
@@ -359,45 +491,31 @@ class HostAccumulator(object):
                 if self.failures.failed or self._stopping.is_set():
                     raise Aborted()
 
-    def _partition(self, names, from_slots):
-        """Splits ``names`` into (fused, unfused, fused update's inputs).
-
-        Args:
-            names (list of str): The chunk's parameters.
-            from_slots (bool): Whether the fused update sums the devices'
-                slots (no all-reducer) or reads the reduced ``param.grad``.
-        """
-        host_update = self._host_update
-        if host_update is None or not names:
-            return [], names, None
-        program = host_update.hooks(*optimizer_hooks(self.optimizer),
-                                    loss_scale=self._loss_scale)
-        if program is None:
-            return [], names, None
-        params = {name: self.master_params[name] for name in names}
+    def _fused_update(self, runs, from_slots):
+        """One fused call per run: from the devices' slots (no all-reducer)
+        or from the reduced gradients."""
+        fused_rule = self._host_update.fused_rule
+        weights, weighted = self._weights, False
         if from_slots:
-            slots = {name: [t.slots[name] for t in self.transfers]
-                     for name in names}
-            weights = self._weights
             weighted = not all(w == weights[0] for w in weights)
             if not weighted:
                 weights = weights[:1]
         else:
-            slots = {name: [param.grad] for name, param in params.items()}
-            weights, weighted = [1.0], False
-        fused, unfused = host_update.partition(params, slots)
-        return fused, unfused, ([slots[name] for name in fused], weights,
-                                weighted, program)
-
-    def _fused_update(self, names, slots, weights, weighted, program):
-        params = [self.master_params[n] for n in names]
-        grads = None
-        if self._write_grads:
-            grads = [self._grads[n] for n in names]
-            for param, grad in zip(params, grads):
-                param.grad = grad
-        self._host_update.update(params, slots, weights, weighted, program,
-                                 grads=grads)
+            weights = [1.0]
+        calls = []
+        for run, rules in runs:
+            grads = buffers.typed(self._grad_buffer, run)
+            if from_slots:
+                slots = [buffers.typed(t.slot_buffer, run)
+                         for t in self.transfers]
+            else:
+                slots = [grads]
+            state = tuple(self._state.typed(key, run) for key in
+                          fused_rule.kernel_state_keys(rules[0]))
+            calls.append((buffers.typed(self.master.buffer, run), slots,
+                          grads, state, fused_rule.advance_run(rules)))
+        self._host_update.update_runs(calls, weights, weighted,
+                                      self._hook_program, self._write_grads)
 
     def _update(self, names):
         optimizer = self.optimizer
@@ -413,6 +531,7 @@ class HostAccumulator(object):
     def _update_whole_model(self):
         with self._span('update', None):
             self.optimizer.update()
+            self.master.sync(list(self.master_params))
         with self._span('h2d', None):
             for chunk, names in enumerate(self.chunk_names):
                 for transfer in self.transfers:
@@ -423,6 +542,15 @@ class HostAccumulator(object):
         with self._lock:
             self._remaining -= 1
             self._lock.notify_all()
+
+
+class _ChunkProgram(object):
+    """How one chunk is updated: its fused runs, as ``(Run, rules)``, and
+    the parameters left to Chainer's rules."""
+
+    def __init__(self, runs, unfused):
+        self.runs = runs
+        self.unfused = unfused
 
 
 class _NullSpan(object):

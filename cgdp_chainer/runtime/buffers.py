@@ -17,6 +17,7 @@ parameter starts on a cache line.
 """
 import collections
 import math
+import threading
 
 import numpy
 
@@ -152,6 +153,11 @@ class FlatLayout(object):
         self._spans[key] = span
         return span
 
+    def run_of(self, names):
+        """The :class:`Run` of parameters of one dtype that lie next to each
+        other, given in buffer order."""
+        return self._run(tuple(names))
+
     def _run(self, names):
         first, (_, last_shape, dtype) = self.entries[names[0]][0], \
             self.entries[names[-1]]
@@ -242,6 +248,68 @@ class FlatMaster(object):
                 # A flat buffer's view lent as the gradient.
                 param.grad = param.grad.copy()
         self.arrays = {}
+        self.buffer = None
+
+
+class FlatState(object):
+    """The fused update rules' state arrays as views of flat buffers, one
+    per state key (``'v'``, ``'m'``, ...), laid out as the parameters.
+
+    Chainer's update rules, serializers and snapshots keep working on each
+    rule's ``state`` dict, whose arrays are the views.
+
+    Args:
+        layout (FlatLayout): The parameters' layout.
+    """
+
+    def __init__(self, layout):
+        self.layout = layout
+        self._buffers = {}
+        self._views = {}
+        # Per state key, the names whose rule's state holds the view.
+        self._bound = {}
+        self._lock = threading.Lock()
+
+    def bind(self, name, rule, keys):
+        """Makes ``rule.state[key]`` a view of the flat buffer of ``key``
+        for each of ``keys`` (copying the values in where it is not)."""
+        state = rule.state
+        for key in keys:
+            views = self._views_of(key)
+            view = views[name]
+            if state[key] is not view:
+                view[...] = state[key]
+                state[key] = view
+            self._bound[key][name] = rule
+
+    def _views_of(self, key):
+        # Host threads form chunks' runs at once: one buffer per key.
+        with self._lock:
+            views = self._views.get(key)
+            if views is None:
+                self._buffers[key] = host_buffer(self.layout.capacity)
+                views = self._views[key] = self.layout.views(
+                    self._buffers[key])
+                self._bound[key] = {}
+            return views
+
+    def typed(self, key, run):
+        """The flat buffer of ``key`` over ``run``."""
+        return typed(self._buffers[key], run)
+
+    def relayout(self, layout):
+        """Moves every bound state array to its place in ``layout``."""
+        for key, bound in self._bound.items():
+            bound = {name: rule for name, rule in bound.items()
+                     if rule.state is not None and key in rule.state}
+            self._bound[key] = bound
+            values = {name: rule.state[key].copy()
+                      for name, rule in bound.items()}
+            views = self._views[key] = layout.views(self._buffers[key])
+            for name, rule in bound.items():
+                views[name][...] = values[name]
+                rule.state[key] = views[name]
+        self.layout = layout
 
 
 def layer_order(plan):

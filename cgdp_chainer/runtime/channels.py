@@ -21,6 +21,7 @@ that captures the model captures its replica. Either way the code that runs
 a replica is :class:`~cgdp_chainer.runtime.worker.ReplicaWorker`.
 """
 import atexit
+import collections
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -36,6 +37,7 @@ import numpy
 
 from cgdp_chainer import blas
 from cgdp_chainer import devices as devices_module
+from cgdp_chainer.runtime import buffers
 from cgdp_chainer.runtime import replica_copy
 from cgdp_chainer.runtime import shared
 from cgdp_chainer.runtime import transfer as transfer_module
@@ -90,9 +92,15 @@ class ThreadReplicas(object):
         self.failures = failures
         self.blas_limit = blas.threads_per_replica(
             cpu_replica_count(devices), blas_threads)
-        master_params = dict(master.namedparams())
-        if any(devices_module.is_gpu(d) for d in devices):
-            transfer_module.pin_master(master_params)
+        master_params = collections.OrderedDict(master.namedparams())
+        layout = buffers.FlatLayout.of_arrays(
+            {name: p.array for name, p in master_params.items()})
+        # GPU replicas copy from pinned memory at full bandwidth.
+        allocate = transfer_module.pinned_bytes if any(
+            devices_module.is_gpu(d) for d in devices) else None
+        self.master = buffers.FlatMaster(
+            master_params, layout,
+            buffers.host_buffer(layout.capacity, allocate))
         self.replicas = []
         self.loss_funcs = []
         self.ports = []
@@ -103,7 +111,7 @@ class ThreadReplicas(object):
             self.replicas.append(replica)
             self.loss_funcs.append(replica_loss)
             self.ports.append(transfer_module.make_transfer(
-                device, master_params, dict(replica.namedparams())))
+                device, self.master, dict(replica.namedparams())))
         self.notes = []  # nothing to say: see ProcessReplicas.notes
         self._threads = []
         self._jobs = [queue.Queue() for _ in devices]
@@ -213,6 +221,12 @@ class ThreadReplicas(object):
             thread.join(timeout=60)
         for port in self.ports:
             port.close()
+        self.master.release()
+
+    def relayout(self, layout):
+        """Moves the master's parameters to ``layout`` in their buffer
+        (between iterations); each replica follows with its next job."""
+        self.master.relayout(layout)
 
 
 # Asks a replica's thread or worker process for its persistent values.
@@ -280,12 +294,13 @@ class ProcessReplicas(object):
             master, *replica_copy.load_replica(
                 self._replica_bytes,
                 {name: p.array for name, p in master_params.items()}))
-        specs = [(name, p.array.shape, p.array.dtype)
-                 for name, p in master_params.items()]
-        self._master_arena = shared.SharedArena.create(specs)
-        self.master = transfer_module.SharedMaster(
-            master_params, self._master_arena.arrays)
-        self._slot_arenas = [shared.SharedArena.create(specs)
+        layout = buffers.FlatLayout.of_arrays(
+            {name: p.array for name, p in master_params.items()})
+        flat = [('flat', (layout.capacity,), numpy.uint8)]
+        self._master_arena = shared.SharedArena.create(flat)
+        self.master = buffers.FlatMaster(
+            master_params, layout, self._master_arena.arrays['flat'])
+        self._slot_arenas = [shared.SharedArena.create(flat)
                              for _ in devices]
         self._batches = [shared.BatchBuffer() for _ in devices]
         self._conns = [None] * len(devices)
@@ -297,7 +312,7 @@ class ProcessReplicas(object):
             if devices_module.is_gpu(device):
                 send = self._sender(index)
             self.ports.append(transfer_module.WorkerPort(
-                arena.arrays, self.master, send))
+                arena.arrays['flat'], send))
         self._processes = []
         self._monitor = None
         self._stopping = threading.Event()
@@ -335,6 +350,7 @@ class ProcessReplicas(object):
                 replica_bytes=self._replica_bytes,
                 master_layout=self._master_arena.layout,
                 slot_layout=self._slot_arenas[index].layout,
+                flat_layout=self.master.layout,
                 blas_threads=self.blas_limit, parent_pid=os.getpid())
             process = context.Process(
                 target=process_main, args=(init, child_end),
@@ -404,6 +420,13 @@ class ProcessReplicas(object):
                         describe_exit(process.exitcode)))
 
     # -- the iteration ----------------------------------------------------
+
+    def relayout(self, layout):
+        """Moves the master's parameters to ``layout`` in their shared
+        buffer (between iterations: no CPU worker reads it then, and a GPU
+        worker takes the whole buffer again when it adopts the layout with
+        its next job)."""
+        self.master.relayout(layout)
 
     def run(self, jobs, inputs):
         """Runs one iteration in every worker and waits for the results.
@@ -668,8 +691,10 @@ class _WorkerServer(object):
         self._blas.__enter__()  # for the life of the process
         self.master_arena = shared.SharedArena.attach(init.master_layout)
         self.slot_arena = shared.SharedArena.attach(init.slot_layout)
+        master_buffer = self.master_arena.arrays['flat']
+        slot_buffer = self.slot_arena.arrays['flat']
         replica, loss_func = replica_copy.load_replica(
-            init.replica_bytes, self.master_arena.arrays)
+            init.replica_bytes, init.flat_layout.views(master_buffer))
         self.scope = worker_module.device_scope(self.device)
         self.scope.__enter__()
         replica_params = dict(replica.namedparams())
@@ -689,13 +714,14 @@ class _WorkerServer(object):
                     'buffers of its own, one more host copy per chunk each '
                     'way'.format(init.index, self.device, why))
             holders = {name: _HostArray(array) for name, array in
-                       self.master_arena.arrays.items()}
+                       init.flat_layout.views(master_buffer).items()}
             self.transfer = transfer_module.CudaTransfer(
                 holders, replica_params, self.device,
-                slots=self.slot_arena.arrays, staged=why is not None)
+                slots=init.flat_layout.views(slot_buffer),
+                staged=why is not None)
         else:
             self.transfer = transfer_module.SharedSlotTransfer(
-                replica_params, self.slot_arena.arrays)
+                replica_params, init.flat_layout, master_buffer, slot_buffer)
         self.abort = threading.Event()
         self.link = _PipeLink(
             sender, self.abort,

@@ -371,6 +371,24 @@ class FusedRule(object):
         kernel's state arrays and scalars, in its argument order."""
         raise NotImplementedError
 
+    def kernel_state_keys(self, rule):
+        """The state keys whose arrays the kernel takes, in its order."""
+        return self.state_keys_of(rule)
+
+    def run_key(self, rule):
+        """What the kernel's scalars depend on: rules with equal keys update
+        as one run of a flat buffer with one set of scalars."""
+        return (rule.t, sorted(rule.hyperparam.get_dict().items()))
+
+    def advance_run(self, rules):
+        """Advances every rule of a run (equal :meth:`run_key`) as
+        ``UpdateRule.update`` does; returns the kernel's scalars, the same
+        for all of them."""
+        _, scalars = self.scalars(rules[0])
+        for rule in rules[1:]:
+            rule.t += 1
+        return scalars
+
 
 class FusedSGD(FusedRule):
     rule_type = optimizers.sgd.SGDRule
@@ -417,6 +435,16 @@ class FusedAdam(FusedRule):
 
     def state_keys_of(self, rule):
         return ('m', 'v', 'vhat') if rule.hyperparam.amsgrad else ('m', 'v')
+
+    def kernel_state_keys(self, rule):
+        # Without AMSGrad the kernel gets ``v`` in ``vhat``'s place.
+        return ('m', 'v', 'vhat') if rule.hyperparam.amsgrad else \
+            ('m', 'v', 'v')
+
+    def run_key(self, rule):
+        # AdaBound's bounds also follow the alpha its rule started with.
+        return super(FusedAdam, self).run_key(rule) + (
+            getattr(rule, 'initial_alpha', None),)
 
     def rule_ok(self, rule):
         eps = rule.hyperparam.eps
@@ -649,6 +677,36 @@ class HostUpdate(object):
             jobs.append((_Job(kernel, p, flat, n_slots, weights, weighted,
                               codes, args, gout, write, state, scalars),
                          p.size))
+        self._pool.run(jobs, self._block)
+
+    def update_runs(self, runs, weights, weighted, program, write):
+        """Sums, hooks and updates runs of flat buffers, one kernel call per
+        run (cut into pieces for the host threads).
+
+        Args:
+            runs (list of tuple): ``(p, slots, gout, state, scalars)`` per
+                run: the parameters' flat float32 slice, the flat slices to
+                sum (one per replica, or the reduced one), where to store
+                the gradient used (with ``write``), the state's flat slices
+                in the kernel's order and the kernel's scalars (from
+                :meth:`FusedRule.advance_run`).
+            weights (list of float): As for :meth:`update`.
+            weighted (bool): As for :meth:`update`.
+            program (tuple): From :meth:`hooks`.
+            write (bool): Whether to store each run's gradient in ``gout``.
+        """
+        codes, args = program
+        weights = numpy.asarray(weights, dtype=numpy.float32)
+        weighted = bool(weighted)
+        jobs = []
+        for p, slots, gout, state, scalars in runs:
+            n_slots = len(slots)
+            if n_slots < SLOT_TUPLE:
+                slots = tuple(slots) + (slots[0],) * (SLOT_TUPLE - n_slots)
+            jobs.append((_Job(self._kernel, p, tuple(slots), n_slots,
+                              weights, weighted, codes, args,
+                              gout if write else p, write, tuple(state),
+                              scalars), p.size))
         self._pool.run(jobs, self._block)
 
     def close(self):

@@ -21,47 +21,63 @@ On the host side of a worker process, :class:`WorkerPort` offers the same
 """
 import numpy
 
+from cgdp_chainer.runtime import buffers
+
 
 class HostResidentTransfer(object):
-    """Zero-copy hand-over for replicas that live in host memory.
+    """Hand-over for replicas that live in host memory, in threads of the
+    user's process.
+
+    The replica reads the master's arrays (no copy); its gradients are
+    gathered into a flat slot buffer of its own, laid out as the master's,
+    so that the host reduces and updates each chunk as one slice.
 
     Args:
-        master_params (dict): Parameter path -> master ``chainer.Parameter``.
+        master (cgdp_chainer.runtime.buffers.FlatMaster): The master's
+            parameters as views of their flat buffer.
         replica_params (dict): Parameter path -> the replica's parameter.
     """
 
     is_gpu = False
 
-    def __init__(self, master_params, replica_params):
-        self.master_params = master_params
+    def __init__(self, master, replica_params):
+        self.master = master
         self.replica_params = replica_params
-        self.slots = {}
-        self.publish(None, list(master_params))
+        self.layout = master.layout
+        self.slot_buffer = buffers.host_buffer(self.layout.capacity)
+        self.slots = self.layout.views(self.slot_buffer)
+        self.publish(None, list(replica_params))
 
     def send_grads(self, names):
-        """Exposes the replica's gradients of ``names`` to the host.
+        """Gathers the replica's gradients of ``names`` into the slots
+        (zeros for a parameter that took no part in the loss).
 
         Returns:
             None: the gradients are ready at once.
         """
-        for name in names:
-            grad = self.replica_params[name].grad
-            if grad is None:  # the parameter took no part in this loss
-                grad = numpy.zeros_like(self.master_params[name].array)
-            self.slots[name] = grad
+        _gather(self.replica_params, self.slots, names)
         return None
 
     def wait_grads(self, ready):
         """Blocks until the gradients sent with ``ready`` are in the slots."""
 
     def publish(self, chunk, names):
-        """Makes the replica use the master's current values for ``names``."""
+        """Makes the replica use the master's current arrays for ``names``
+        (the master's may have been replaced: :meth:`FlatMaster.sync`)."""
+        arrays = self.master.arrays
         for name in names:
-            master = self.master_params[name].array
+            master = arrays[name]
             replica = self.replica_params[name]
             if replica.array is not master:
-                # Update rules that rebind instead of updating in place.
                 replica.array = master
+
+    def adopt_layout(self, layout):
+        """Follows the master into a new flat layout (between iterations)."""
+        if layout == self.layout:
+            return
+        self.layout = layout
+        self.slots = layout.views(self.slot_buffer)
+        self.publish(None, list(self.replica_params))
 
     def wait_params(self, chunk):
         """Makes the replica's next forward of ``chunk`` see its new values."""
@@ -72,6 +88,16 @@ class HostResidentTransfer(object):
 
     def close(self):
         self.slots = {}
+
+
+def _gather(replica_params, slots, names):
+    """Copies the replica's gradients of ``names`` into their slots."""
+    for name in names:
+        grad = replica_params[name].grad
+        if grad is None:  # the parameter took no part in this loss
+            slots[name].fill(0)
+        else:
+            numpy.copyto(slots[name], grad)
 
 
 class CudaTransfer(object):
@@ -248,31 +274,43 @@ def sync_event(cupy):
 
 
 class SharedSlotTransfer(object):
-    """A ``'@numpy'`` replica in a worker process: it reads the master's
-    shared arrays (its parameters are views of them) and copies each chunk's
-    gradients into its shared slots.
+    """A ``'@numpy'`` replica in a worker process: its parameters are views
+    of the master's shared flat buffer, and each chunk's gradients are
+    gathered into its shared slot buffer, laid out alike.
 
     Args:
         replica_params (dict): Parameter path -> the replica's parameter.
-        slots (dict): Parameter path -> this replica's shared gradient slot.
+        layout (cgdp_chainer.runtime.buffers.FlatLayout): The layout of
+            both buffers.
+        master_buffer (numpy.ndarray): The master's flat buffer (shared).
+        slot_buffer (numpy.ndarray): This replica's flat slot buffer
+            (shared).
     """
 
     is_gpu = False
 
-    def __init__(self, replica_params, slots):
+    def __init__(self, replica_params, layout, master_buffer, slot_buffer):
         self.replica_params = replica_params
-        self.slots = slots
+        self.layout = None
+        self.master_buffer = master_buffer
+        self.slot_buffer = slot_buffer
+        self.adopt_layout(layout)
 
     def send_grads(self, names):
-        """Copies the gradients of ``names`` into the slots (zeros for a
+        """Gathers the gradients of ``names`` into the slots (zeros for a
         parameter that took no part in the loss). Returns None: done."""
-        for name in names:
-            grad = self.replica_params[name].grad
-            if grad is None:
-                self.slots[name].fill(0)
-            else:
-                numpy.copyto(self.slots[name], grad)
+        _gather(self.replica_params, self.slots, names)
         return None
+
+    def adopt_layout(self, layout):
+        """Views the buffers by ``layout`` (the host moved the master's
+        values there between iterations)."""
+        if layout == self.layout:
+            return
+        self.layout = layout
+        self.slots = layout.views(self.slot_buffer)
+        for name, array in layout.views(self.master_buffer).items():
+            self.replica_params[name].array = array
 
     def publish(self, chunk, names):
         """Nothing to copy: the replica reads the master's shared arrays."""
@@ -287,62 +325,18 @@ class SharedSlotTransfer(object):
         self.slots = {}
 
 
-class SharedMaster(object):
-    """The master's parameter arrays as views of one shared arena.
-
-    Update rules that rebind a parameter's array instead of writing in place
-    are followed by :meth:`sync`, which copies the new values back into the
-    arena, so workers always read the current weights; so is user code that
-    replaced an array between iterations (the updater syncs every parameter
-    at the start of each ``update()``).
-
-    Args:
-        master_params (dict): Parameter path -> master parameter.
-        arrays (dict): Parameter path -> its shared array.
-    """
-
-    def __init__(self, master_params, arrays):
-        self.master_params = master_params
-        self.arrays = arrays
-        for name, param in master_params.items():
-            shared = arrays[name]
-            shared[...] = param.array
-            param.array = shared
-
-    def sync(self, names):
-        for name in names:
-            param = self.master_params[name]
-            shared = self.arrays[name]
-            if param.array is not shared:
-                shared[...] = param.array
-                param.array = shared
-
-    def release(self):
-        """Gives the master private copies of its arrays again (before the
-        arena is closed: the user keeps the trained model)."""
-        for name, param in self.master_params.items():
-            if param.array is self.arrays[name]:
-                param.array = param.array.copy()
-            if param.grad is not None and param.grad.base is not None:
-                # A replica's shared slot lent as the gradient (one device).
-                param.grad = param.grad.copy()
-        self.arrays = {}
-
-
 class WorkerPort(object):
     """The host's side of one worker process, for the host accumulator.
 
     Args:
-        slots (dict): Parameter path -> the worker's shared gradient slot,
+        slot_buffer (numpy.ndarray): The worker's flat shared slot buffer,
             as mapped in the user's process.
-        master (SharedMaster): The master's shared arrays.
         send (callable or None): Sends a message to the worker; given for
             GPU workers, which copy a chunk in as soon as it is published.
     """
 
-    def __init__(self, slots, master, send=None):
-        self.slots = slots
-        self._master = master
+    def __init__(self, slot_buffer, send=None):
+        self.slot_buffer = slot_buffer
         self._send = send
         # A GPU worker holds device copies of the master's values.
         self.is_gpu = send is not None
@@ -351,27 +345,31 @@ class WorkerPort(object):
         """The worker announced the chunk after its copy was complete."""
 
     def publish(self, chunk, names):
-        """Makes the new values of ``names`` visible to the worker."""
-        self._master.sync(names)
+        """Tells a GPU worker that the new values of ``chunk`` are in the
+        master's buffer (a CPU worker reads them there)."""
         if self._send is not None:
             self._send(('published', chunk, list(names)))
 
     def close(self):
-        self.slots = {}
+        self.slot_buffer = None
 
 
-def pin_master(master_params):
-    """Moves the master's parameter arrays into pinned host memory, so that
-    host-to-device copies run asynchronously at full bandwidth."""
+def pinned_bytes(n_bytes):
+    """A flat ``uint8`` array of pinned host memory (for a master buffer
+    that GPU replicas copy from at full bandwidth)."""
     import cupyx
-    for param in master_params.values():
-        pinned = cupyx.empty_pinned(param.array.shape, param.array.dtype)
-        pinned[...] = param.array
-        param.array = pinned
+    return cupyx.empty_pinned((n_bytes,), numpy.uint8)
 
 
-def make_transfer(device, master_params, replica_params):
-    """The transfer class for ``device``'s kind."""
+def make_transfer(device, master, replica_params):
+    """The transfer class for ``device``'s kind, in a thread of the user's
+    process.
+
+    Args:
+        device (chainer.backend.Device): The replica's device.
+        master (cgdp_chainer.runtime.buffers.FlatMaster): The master.
+        replica_params (dict): Parameter path -> the replica's parameter.
+    """
     if device.xp is numpy:
-        return HostResidentTransfer(master_params, replica_params)
-    return CudaTransfer(master_params, replica_params, device)
+        return HostResidentTransfer(master, replica_params)
+    return CudaTransfer(master.master_params, replica_params, device)

@@ -15,6 +15,7 @@ import numpy
 
 from cgdp_chainer.runtime import accumulator as accumulator_module
 from cgdp_chainer.runtime import batches as batches_module
+from cgdp_chainer.runtime import buffers
 from cgdp_chainer import blas
 from cgdp_chainer import devices as devices_module
 from cgdp_chainer import randomness
@@ -310,6 +311,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         self._ready = None       # the first iteration's BackwardReport
         self._plan = None        # the ChunkPlan once formed
         self._plan_sent = False  # whether the replicas hold self._plan
+        self._layout_unsent = None  # a flat layout the replicas must adopt
         self._chunk_names = worker_module.runtime_chunk_names(
             worker_module.whole_model_plan(self._names))
 
@@ -525,7 +527,22 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         self._plan_sent = False
         self._chunk_names = worker_module.runtime_chunk_names(plan)
         if self._accumulator is not None:
+            self._follow_plan_in_layout()
             self._accumulator.chunk_names = self._chunk_names
+
+    def _follow_plan_in_layout(self):
+        """Lays the flat buffers out in the plan's layer order where a chunk
+        is not one slice yet (once, after the first iteration: every later
+        plan cuts the same layers), between iterations; the replicas follow
+        with their next job."""
+        master = self._replicas.master
+        if all(master.layout.contiguous(names)
+               for names in self._chunk_names):
+            return
+        layout = master.layout.reordered(buffers.layer_order(self._plan))
+        self._replicas.relayout(layout)
+        self._accumulator.relayout(layout)
+        self._layout_unsent = layout
 
     def _set_chunk_size(self, size):
         self._spec = self._size_spec(size)
@@ -542,12 +559,15 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                 'build a new one to train on'.format(
                     '' if error is None else ' ({})'.format(
                         _describe_error(error))))
-        if self._structure is not None:
+        in_loop, edited = self._watch.start_update()
+        if self._structure is not None and edited:
             # Refused before any work, so the updater stays usable once
-            # the user undoes the change.
+            # the user undoes the change. Where no code but the updater's
+            # and extensions known not to write the model ran since the
+            # last update, nothing can have changed.
             self._structure.check(self.get_optimizer('main').target)
         try:
-            self._iterate()
+            self._iterate(in_loop, edited)
         except BaseException as error:
             # Whatever failed (the converter, a hand-over, a worker, Ctrl-C
             # while waiting), the workers end and the shared memory is
@@ -557,10 +577,9 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self._stop_replicas()
             raise
 
-    def _iterate(self):
+    def _iterate(self, in_loop, edited):
         if self._device_view is not None:
             self._device_view.restore()  # after an evaluation that raised
-        in_loop, edited = self._watch.start_update()
         if self._replicas is not None:
             self._take_user_edits(edited)
         iterator = self.get_iterator('main')
@@ -581,7 +600,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         self._accumulator.start_iteration(
             self.iteration, shares,
             write_grads=self._watch.gradients_wanted(
-                in_loop, self.iteration + 1, self.epoch_detail))
+                in_loop, self.iteration + 1, self.epoch_detail),
+            revalidate=edited)
         search_start = time.perf_counter()
         with self._replica_random_scope() as shared_random:
             results = self._replicas.run(jobs, inputs)
@@ -640,6 +660,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         config = worker_module.caller_config()
         plan = None if forming or self._plan_sent else self._plan
         self._plan_sent = not forming
+        layout, self._layout_unsent = self._layout_unsent, None
         return [worker_module.Job(
             iteration=self.iteration, seed=seeds[i], plan=plan,
             fingerprint=None if forming else self._plan.fingerprint,
@@ -647,7 +668,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             send_persistents=(i == 0 and self._has_persistents and
                               send_persistents),
             persistents=refresh, config=config,
-            loss_scale=self.get_optimizer('main')._loss_scale)
+            loss_scale=self.get_optimizer('main')._loss_scale,
+            layout=layout)
             for i in range(n)]
 
     def _replica_seed(self, index, global_numpy=None):
@@ -717,12 +739,15 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                 (see :meth:`TrainerWatch.start_update`); its structure was
                 checked in :meth:`update_core`.
         """
+        if not edited:
+            return
+        # Host replicas read the master's flat buffer: arrays that user
+        # code replaced are copied into it. GPU replicas hold copies: they
+        # take every chunk again whenever the master may have been
+        # written, in place or not.
+        self._replicas.master.sync(self._names)
         for port in self._replicas.ports:
-            # Host replicas read the master's arrays: publishing costs an
-            # identity check per parameter and catches replaced arrays.
-            # GPU replicas hold copies: they take every parameter again
-            # whenever the master may have been written, in place or not.
-            if edited or not port.is_gpu:
+            if port.is_gpu:
                 for chunk, names in enumerate(self._chunk_names):
                     port.publish(chunk, names)
         if edited and self._has_persistents and self._persistents.changed():
@@ -859,7 +884,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         try:
             self._accumulator = accumulator_module.HostAccumulator(
                 optimizer, replicas.ports, self._chunk_names,
-                self.reduction, self._failures,
+                self.reduction, self._failures, replicas.master,
                 n_threads=self._host_threads, timeline=self.timeline,
                 allreducer=self._allreducer)
             self._replicas = replicas
@@ -1057,6 +1082,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         self._serialize_random_base(serializer)
         if isinstance(serializer, chainer.serializer.Deserializer) and \
                 self._replicas is not None:
+            self._replicas.master.sync(self._names)
             for port in self._replicas.ports:
                 for chunk, names in enumerate(self._chunk_names):
                     port.publish(chunk, names)
@@ -1097,10 +1123,12 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         if self._closed:
             return
         self._closed = True
-        if self._replicas is not None:
-            self._replicas.close()
+        # The host threads end first: they read the replicas' buffers,
+        # which closing the replicas frees.
         if self._accumulator is not None:
             self._accumulator.close()
+        if self._replicas is not None:
+            self._replicas.close()
         if self._allreducer is not None:
             self._allreducer.close()
 

@@ -32,8 +32,9 @@ from cgdp_chainer.runtime import shared
 
 Job = collections.namedtuple(
     'Job', ('iteration', 'seed', 'plan', 'fingerprint', 'record_events',
-            'send_persistents', 'persistents', 'config', 'loss_scale'),
-    defaults=(None,))
+            'send_persistents', 'persistents', 'config', 'loss_scale',
+            'layout'),
+    defaults=(None, None))
 Job.__doc__ = """What a replica needs for one iteration.
 
 Attributes:
@@ -60,6 +61,10 @@ Attributes:
         updater.update()`` means the same in every replica.
     loss_scale (float or None): The optimizer's loss scale this iteration:
         the backward starts from it, as ``loss.backward(loss_scale=...)``.
+    layout (FlatLayout or None): The flat layout of the master's and the
+        slots' buffers, sent when it changes (once the plan is formed, the
+        layout follows its layers, so every chunk is one slice); ``None``
+        keeps the current one.
 """
 
 # Settings of chainer.config that a replica takes over from the caller;
@@ -184,6 +189,8 @@ class ReplicaWorker(object):
         Raises:
             RuntimeError: The job's plan is not the one this replica holds.
         """
+        if job.layout is not None:
+            self.transfer.adopt_layout(job.layout)
         if job.plan is not None:
             self._adopt(job.plan)
         forming = job.fingerprint is None
