@@ -61,6 +61,7 @@ import cgdp_chainer
 from cgdp_chainer.runtime import accumulator as accumulator_module
 from cgdp_chainer.runtime import master as master_module
 from cgdp_chainer import blas
+from cgdp_chainer.runtime import buffers
 from cgdp_chainer import datasets
 from cgdp_chainer.runtime import readiness
 from cgdp_chainer.runtime import shared
@@ -288,8 +289,10 @@ def host_work(net, args, n_replicas=2):
     master = copy.deepcopy(base)
     params = collections.OrderedDict(master.namedparams())
     structure = master_module.MasterStructure(master)
-    shared_master = transfer_module.SharedMaster(
-        params, {name: p.array.copy() for name, p in params.items()})
+    layout = buffers.FlatLayout.of_arrays(
+        {name: p.array for name, p in params.items()})
+    shared_master = buffers.FlatMaster(params, layout,
+                                       buffers.host_buffer(layout.capacity))
     record = master_module.PersistentsRecord(master)
     names = list(params)
     parts = collections.OrderedDict()
@@ -436,6 +439,10 @@ def accumulator_bandwidth(model, n_slots=4, repeats=3):
     optimizer = chainer.optimizers.MomentumSGD(lr=0.01, momentum=0.9)
     optimizer.setup(model)
     master_params = dict(model.namedparams())
+    layout = buffers.FlatLayout.of_arrays(
+        {name: p.array for name, p in master_params.items()})
+    master = buffers.FlatMaster(master_params, layout,
+                                buffers.host_buffer(layout.capacity))
     rng = numpy.random.RandomState(0)
     transfers = []
     for _ in range(n_slots):
@@ -444,7 +451,7 @@ def accumulator_bandwidth(model, n_slots=4, repeats=3):
             master_params.items()}
         for p in replica_params.values():
             p.grad = rng.standard_normal(p.shape).astype(p.dtype)
-        transfer = transfer_module.HostResidentTransfer(master_params,
+        transfer = transfer_module.HostResidentTransfer(master,
                                                         replica_params)
         transfer.send_grads(list(master_params))
         transfers.append(transfer)
@@ -456,7 +463,7 @@ def accumulator_bandwidth(model, n_slots=4, repeats=3):
     names = list(layers.values())
     failures = accumulator_module.FailureBox()
     acc = accumulator_module.HostAccumulator(
-        optimizer, transfers, names, 'mean', failures)
+        optimizer, transfers, names, 'mean', failures, master)
     best = float('inf')
     try:
         for iteration in range(repeats + 1):

@@ -257,13 +257,16 @@ def test_adopt_layout_moves_the_values_and_later_copies_use_its_spans(
     new_layout = port.layout.reordered(new_names)
     new_chunks = [list(reversed(names)) for names in reversed(CHUNKS)]
     assert new_layout.span(new_chunks[0]) != port.layout.span(new_chunks[0])
-    old_master = {name: view.copy()
-                  for name, view in port.layout.views(master).items()}
+    # The host lays the master out anew (FlatMaster.relayout) while the
+    # last publishes may still be under way, then the replica adopts.
+    for name, view in new_layout.views(master).items():
+        view[...] = values[name]
     port.take_counts()
     port.adopt_layout(new_layout)
-    assert port.take_counts() == collections.Counter()  # device-local
-    # Only then may the host lay the master out anew (FlatMaster.relayout):
-    # adopt_layout waited for the copies out of the old layout.
+    # One copy of the whole buffer takes every parameter again.
+    assert port.take_counts() == collections.Counter(h2d=1, event=1)
+    copies.synchronize(copies.compute)
+    old_master = values
     for name, view in new_layout.views(master).items():
         view[...] = -old_master[name]
     new_views = new_layout.views(port.param_buffer)

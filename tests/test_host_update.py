@@ -12,6 +12,7 @@ import pytest
 
 import cgdp_chainer
 from cgdp_chainer.runtime import accumulator
+from cgdp_chainer.runtime import buffers
 from cgdp_chainer.runtime import host_update
 from cgdp_chainer.runtime import transfer
 import chainer
@@ -78,17 +79,25 @@ class FusedRig(object):
         self.optimizer.setup(self.model)
         for hook in hooks:
             self.optimizer.add_hook(hook)
-        master = dict(self.model.namedparams())
+        self.chunk_names = [['/' + n for n in names] for names in CHUNKS]
+        # Each chunk one slice of the flat buffers, as the runtime lays
+        # them out.
+        named = dict(self.model.namedparams())
+        params = {name: named[name] for names in self.chunk_names
+                  for name in names}
+        layout = buffers.FlatLayout.of_arrays(
+            {name: p.array for name, p in params.items()})
+        master = buffers.FlatMaster(params, layout,
+                                    buffers.host_buffer(layout.capacity))
         self.replicas = [{name: chainer.Parameter(p.array)
-                          for name, p in master.items()}
+                          for name, p in params.items()}
                          for _ in range(n_slots)]
         self.transfers = [transfer.HostResidentTransfer(master, replica)
                           for replica in self.replicas]
-        self.chunk_names = [['/' + n for n in names] for names in CHUNKS]
         self.failures = accumulator.FailureBox()
         self.acc = accumulator.HostAccumulator(
             self.optimizer, self.transfers, self.chunk_names, reduction,
-            self.failures, n_threads=2)
+            self.failures, master, n_threads=2)
         self.iteration = 0
 
     def step(self, gradients, shares):

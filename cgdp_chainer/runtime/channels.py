@@ -110,8 +110,11 @@ class ThreadReplicas(object):
                     master, loss_func, len(devices))):
             self.replicas.append(replica)
             self.loss_funcs.append(replica_loss)
-            self.ports.append(transfer_module.make_transfer(
-                device, self.master, dict(replica.namedparams())))
+            if devices_module.is_gpu(device):
+                self.ports.append(_GpuThreadPort(self.master))
+            else:
+                self.ports.append(transfer_module.HostResidentTransfer(
+                    self.master, dict(replica.namedparams())))
         self.notes = []  # nothing to say: see ProcessReplicas.notes
         self._threads = []
         self._jobs = [queue.Queue() for _ in devices]
@@ -144,8 +147,12 @@ class ThreadReplicas(object):
                 # copy on the legacy default stream would not be ordered
                 # before them (the replica's stream is non-blocking).
                 replica.to_device(device)
+                transfer = port
+                if isinstance(port, _GpuThreadPort):
+                    transfer = port.build(dict(replica.namedparams()),
+                                          device)
                 replica_worker = worker_module.ReplicaWorker(
-                    index, device, replica, port, link, loss_func)
+                    index, device, replica, transfer, link, loss_func)
             except BaseException as error:
                 self.failures.fail(error, where)
                 return
@@ -227,6 +234,43 @@ class ThreadReplicas(object):
         """Moves the master's parameters to ``layout`` in their buffer
         (between iterations); each replica follows with its next job."""
         self.master.relayout(layout)
+
+
+class _GpuThreadPort(object):
+    """The host's side of a GPU replica thread. Its transfer is built in
+    that thread, once the replica is on its device (on the replica's own
+    stream); the pinned slot buffer exists before, for the accumulator.
+
+    Args:
+        master (cgdp_chainer.runtime.buffers.FlatMaster): The master, in
+            pinned memory.
+    """
+
+    is_gpu = True
+
+    def __init__(self, master):
+        self.master = master
+        self.slot_buffer = buffers.host_buffer(
+            master.layout.capacity, transfer_module.pinned_bytes)
+        self.transfer = None
+
+    def build(self, replica_params, device):
+        """Makes the replica's transfer (in its thread, its GPU current)."""
+        from cgdp_chainer.runtime import cuda_transfer
+        self.transfer = cuda_transfer.ChunkedCudaTransfer(
+            self.master.layout, self.master.buffer, self.slot_buffer,
+            replica_params, device)
+        return self.transfer
+
+    def wait_grads(self, ready):
+        self.transfer.wait_grads(ready)
+
+    def publish(self, chunk, names):
+        self.transfer.publish(chunk, names)
+
+    def close(self):
+        if self.transfer is not None:
+            self.transfer.close()
 
 
 # Asks a replica's thread or worker process for its persistent values.
@@ -713,12 +757,10 @@ class _WorkerServer(object):
                     'page-locked ({}); its copies go through pinned '
                     'buffers of its own, one more host copy per chunk each '
                     'way'.format(init.index, self.device, why))
-            holders = {name: _HostArray(array) for name, array in
-                       init.flat_layout.views(master_buffer).items()}
-            self.transfer = transfer_module.CudaTransfer(
-                holders, replica_params, self.device,
-                slots=init.flat_layout.views(slot_buffer),
-                staged=why is not None)
+            from cgdp_chainer.runtime import cuda_transfer
+            self.transfer = cuda_transfer.ChunkedCudaTransfer(
+                init.flat_layout, master_buffer, slot_buffer,
+                replica_params, self.device, staged=why is not None)
         else:
             self.transfer = transfer_module.SharedSlotTransfer(
                 replica_params, init.flat_layout, master_buffer, slot_buffer)
@@ -810,14 +852,6 @@ def _host_register(region):
         cupy.cuda.runtime.hostRegister(region.ctypes.data, region.nbytes, 0)
     except cupy.cuda.runtime.CUDARuntimeError as error:
         raise transfer_module.PageLockError(str(error)) from error
-
-
-class _HostArray(object):
-    """Gives a shared array the ``.array`` of a parameter, for
-    :class:`~cgdp_chainer.runtime.transfer.CudaTransfer`."""
-
-    def __init__(self, array):
-        self.array = array
 
 
 class _PipeLink(object):

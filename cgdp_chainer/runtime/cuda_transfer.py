@@ -1,14 +1,14 @@
 """A GPU replica's hand-over with one copy per chunk and direction.
 
-:class:`ChunkedCudaTransfer` offers :class:`~cgdp_chainer.runtime.transfer.
-CudaTransfer`'s interface, but the replica's parameters live in one flat
-device buffer laid out by a :class:`~cgdp_chainer.runtime.buffers.
+:class:`ChunkedCudaTransfer` offers the interface of the transfers of
+:mod:`~cgdp_chainer.runtime.transfer`. The replica's parameters live in one
+flat device buffer laid out by a :class:`~cgdp_chainer.runtime.buffers.
 FlatLayout` (each ``param.array`` is a view into it), as do its gradients
 (a second flat device buffer), its host gradient slots and the master's
 parameters on the host. A chunk is one contiguous byte span of each, so its
 gradients leave in one device-to-host copy and its new weights arrive in one
-host-to-device copy, where :class:`CudaTransfer` issues one copy per
-parameter array (about 2 x 467 small copies per iteration for ResNet-152).
+host-to-device copy, rather than one copy per parameter array (about
+2 x 467 small copies per iteration for ResNet-152).
 
 Every CUDA operation the transfer issues goes through a ``copies`` object
 (:class:`CupyCopies` by default), so that the transfer's logic runs on the
@@ -331,7 +331,11 @@ class ChunkedCudaTransfer(object):
                 :meth:`wait_params`.
             names (sequence of str): Its parameters.
         """
-        span = self._span(names)
+        self._copy_in(chunk, self._span(names))
+
+    def _copy_in(self, chunk, span):
+        """One host-to-device copy of ``span`` of the master buffer, and its
+        event for :meth:`wait_params` of ``chunk``."""
         copies = self.copies
         with copies.device_scope():
             source = self.master_buffer[span.start:span.stop]
@@ -362,16 +366,15 @@ class ChunkedCudaTransfer(object):
             self.copies.wait(self.copies.current_stream(), event)
 
     def adopt_layout(self, layout):
-        """Moves the replica's parameters to their places in ``layout``
-        (same buffers) and rebinds their views; later copies use its spans.
+        """Views the buffers by ``layout`` and takes every parameter again
+        from the master buffer, which the host has already laid out by it
+        (``FlatLayout.relayout``, between iterations, when the master holds
+        every chunk's last published values).
 
-        Call it between iterations, on every replica, before the host lays
-        the master buffer out by ``layout`` (``FlatMaster.relayout``): it
-        waits for the copies still reading the master buffer and writing
-        the slot buffer in the old layout, and it reads neither. No
-        publish may come between the two. The replica keeps its current
-        values, the last published ones included; those published but not
-        yet waited for need no :meth:`wait_params` after.
+        Copies of the last iteration may still be reading the master
+        buffer (in its old layout, while the host moved it): they are
+        waited for first, and what they wrote is overwritten by one copy of
+        the whole buffer.
 
         Args:
             layout (FlatLayout): The same parameters in another order.
@@ -387,16 +390,19 @@ class ChunkedCudaTransfer(object):
         with copies.device_scope():
             copies.synchronize(self.h2d_stream)
             copies.synchronize(self.d2h_stream)
-            compute = copies.current_stream()
-            values = {name: param.array.copy()
-                      for name, param in self.replica_params.items()}
-            self._bind(layout, values)
-            # The moves ran on this thread's stream; the replica's may be
-            # another.
-            copies.synchronize(compute)
-        self._params_ready = {}
-        self._grads_copied = []
-        self._params_copied = []
+            self.layout = layout
+            self._views = layout.views(self.param_buffer)
+            self._sizes = {name: math.prod(shape) for name, (_, shape, _)
+                           in layout.entries.items()}
+            for name, param in self.replica_params.items():
+                param.array = self._views[name]
+            self.slots = layout.views(self.slot_buffer)
+            self._params_ready = {}
+            self._grads_copied = []
+            self._params_copied = []
+            self._copy_in(None, buffers.Span(0, layout.nbytes, ()))
+            # The next forward reads every parameter.
+            self.wait_params(None)
 
     def record(self):
         """A timing event (the timeline's clock), on the compute stream."""

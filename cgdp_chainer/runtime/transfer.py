@@ -3,21 +3,24 @@
 The transfer classes share one interface, so the replica workers and the
 host accumulator never branch on the device kind or the worker kind:
 
+Every replica's gradient slots are one flat buffer laid out as the
+master's parameters (:mod:`~cgdp_chainer.runtime.buffers`), so a chunk is
+one slice of each:
+
 - :class:`HostResidentTransfer` for ``'@numpy'`` replicas in threads of the
-  user's process: gradients are handed over by reference and replicas read
-  the master's parameter arrays directly, so no bytes are copied.
+  user's process: replicas read the master's arrays directly and gather
+  each chunk's gradients into their slot buffer.
 - :class:`SharedSlotTransfer` for ``'@numpy'`` replicas in worker processes:
-  replicas read the master's arrays, which live in shared memory, and copy
-  each chunk's gradients into their own shared slots.
-- :class:`CudaTransfer` for ``'@cupy:N'`` replicas, in a thread or a worker
-  process: pinned (or page-locked shared) host buffers allocated once
-  (where the shared ones cannot be page-locked, copies go through pinned
-  staging buffers of the replica's own), one copy stream each way, and CUDA events so that the copies overlap the next
-  chunk's backward and a chunk's next forward waits for its own parameters
-  only.
+  replicas' parameters are views of the master's shared buffer; each chunk's
+  gradients are gathered into their shared slot buffer.
+- :class:`~cgdp_chainer.runtime.cuda_transfer.ChunkedCudaTransfer` for
+  ``'@cupy:N'`` replicas, in a thread or a worker process: one device
+  buffer of parameters, one copy per chunk each way, and CUDA events so
+  that the copies overlap the next chunk's backward and a chunk's next
+  forward waits for its own parameters only.
 
 On the host side of a worker process, :class:`WorkerPort` offers the same
-``slots`` / ``wait_grads`` / ``publish`` to the accumulator.
+``slot_buffer`` / ``wait_grads`` / ``publish`` to the accumulator.
 """
 import numpy
 
@@ -100,115 +103,6 @@ def _gather(replica_params, slots, names):
             numpy.copyto(slots[name], grad)
 
 
-class CudaTransfer(object):
-    """Asynchronous copies between a GPU replica and pinned host buffers.
-
-    Must be created and used with the replica's GPU as the current device
-    (the device worker's thread).
-
-    Args:
-        master_params (dict): Parameter path -> master parameter, whose
-            arrays :func:`pin_master` has placed in pinned memory.
-        replica_params (dict): Parameter path -> the replica's parameter.
-        device (chainer.backend.GpuDevice): The replica's GPU.
-        slots (dict or None): Parameter path -> host gradient slot
-            (page-locked shared memory in a worker process); None:
-            pinned slots of its own.
-        staged (bool): Whether ``slots`` and the master's arrays are not
-            page-locked: copies then go through pinned staging buffers.
-    """
-
-    is_gpu = True
-
-    def __init__(self, master_params, replica_params, device, slots=None,
-                 staged=False):
-        import cupy
-        self._cupy = cupy
-        self.device = device
-        self.master_params = master_params
-        self.replica_params = replica_params
-        with cupy.cuda.Device(device.device.id):
-            self.d2h_stream = cupy.cuda.Stream(non_blocking=True)
-            self.h2d_stream = cupy.cuda.Stream(non_blocking=True)
-            if slots is None:
-                slots = _pinned_like(master_params)
-            self.slots = slots
-            # Where the given slots and master arrays are not page-locked:
-            # copies go through pinned buffers of this replica's own.
-            self._grad_staging = _pinned_like(master_params) if staged \
-                else None
-            self._param_staging = _pinned_like(master_params) if staged \
-                else None
-        self._params_ready = {}
-
-    def send_grads(self, names):
-        """Starts copying the gradients of ``names`` into the pinned slots.
-
-        Returns:
-            cupy.cuda.Event: Recorded on the copy stream after the copies.
-        """
-        cupy = self._cupy
-        with cupy.cuda.Device(self.device.device.id):
-            backward_done = cupy.cuda.get_current_stream().record(
-                sync_event(cupy))
-            self.d2h_stream.wait_event(backward_done)
-            staged = []
-            for name in names:
-                grad = self.replica_params[name].grad
-                slot = self.slots[name]
-                if grad is None:
-                    slot.fill(0)
-                    continue
-                if self._grad_staging is not None:
-                    staged.append((self._grad_staging[name], slot))
-                    slot = self._grad_staging[name]
-                try:
-                    grad.get(stream=self.d2h_stream, out=slot, blocking=False)
-                except TypeError:  # CuPy before 13 has no `blocking`
-                    grad.get(stream=self.d2h_stream, out=slot)
-            copied = self.d2h_stream.record(sync_event(cupy))
-            if self._grad_staging is not None:
-                return StagedCopy(copied, staged)
-            return copied
-
-    def wait_grads(self, ready):
-        if ready is not None:
-            ready.synchronize()
-
-    def publish(self, chunk, names):
-        """Starts copying the master's values of ``names`` to the GPU."""
-        cupy = self._cupy
-        with cupy.cuda.Device(self.device.device.id):
-            for name in names:
-                source = self.master_params[name].array
-                if self._param_staging is not None:
-                    # The previous copy from this buffer is complete: the
-                    # gradients that led to these values were computed
-                    # after it.
-                    numpy.copyto(self._param_staging[name], source)
-                    source = self._param_staging[name]
-                self.replica_params[name].array.set(
-                    source, stream=self.h2d_stream)
-            self._params_ready[chunk] = self.h2d_stream.record(
-                sync_event(cupy))
-
-    def wait_params(self, chunk):
-        """Orders the current stream after ``chunk``'s parameter copy,
-        without blocking the host."""
-        event = self._params_ready.pop(chunk, None)
-        if event is not None:
-            self._cupy.cuda.get_current_stream().wait_event(event)
-
-    def record(self):
-        """A timing event (the timeline's clock), on the compute stream."""
-        return self._cupy.cuda.get_current_stream().record()
-
-    def close(self):
-        self.d2h_stream.synchronize()
-        self.h2d_stream.synchronize()
-        self._params_ready = {}
-
-
 class StagedCopy(object):
     """The ``ready`` of a gradient copy through staging buffers: waiting
     for it also moves the gradients on into the host's slots.
@@ -252,12 +146,6 @@ def page_lock(regions, register):
         except OSError as error:
             return '{}: {}'.format(type(error).__name__, error)
     return None
-
-
-def _pinned_like(params):
-    import cupyx
-    return {name: cupyx.empty_pinned(p.array.shape, p.array.dtype)
-            for name, p in params.items()}
 
 
 def sync_event(cupy):
@@ -359,17 +247,3 @@ def pinned_bytes(n_bytes):
     that GPU replicas copy from at full bandwidth)."""
     import cupyx
     return cupyx.empty_pinned((n_bytes,), numpy.uint8)
-
-
-def make_transfer(device, master, replica_params):
-    """The transfer class for ``device``'s kind, in a thread of the user's
-    process.
-
-    Args:
-        device (chainer.backend.Device): The replica's device.
-        master (cgdp_chainer.runtime.buffers.FlatMaster): The master.
-        replica_params (dict): Parameter path -> the replica's parameter.
-    """
-    if device.xp is numpy:
-        return HostResidentTransfer(master, replica_params)
-    return CudaTransfer(master.master_params, replica_params, device)
