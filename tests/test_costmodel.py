@@ -7,6 +7,7 @@ import numpy
 import pytest
 
 from cgdp_chainer import costmodel
+from cgdp_chainer.costmodel import costs as costs_module
 from cgdp_chainer.costmodel import functions
 from cgdp_chainer.costmodel import layers
 from cgdp_chainer.costmodel import hardware
@@ -175,6 +176,108 @@ def test_presets_closed_form_close_to_simulation():
         for n in (1, 4):
             simulated, closed = both(work, hw, n, 2)
             assert closed == pytest.approx(simulated, rel=0.25)
+
+
+# ------------------------- one buffer per chunk: CGDP's counts per chunk
+
+def one_layer_in(arrays, param_bytes=4000):
+    """One layer of ``param_bytes`` parameter bytes split into ``arrays``
+    arrays (everything else the same)."""
+    return workload([0.1], [0.2], [param_bytes], [arrays])
+
+
+def test_cgdp_copy_latency_does_not_grow_with_a_chunks_arrays():
+    # Latency-bound copies: 1 ms per copy call, the bytes nearly free.
+    hw = make_hardware(copy_latency_s=1e-3, host_link_bw=1e9,
+                       copy_engine_bw=1e9, peer_bw=1e9)
+    one, many = one_layer_in(1), one_layer_in(100)
+    for n in (1, 2, 4):
+        assert both(many, hw, n, 1) == pytest.approx(both(one, hw, n, 1))
+        d2h_one = costmodel.cgdp_phases(one, hw, n, 1)['d2h']
+        d2h_many = costmodel.cgdp_phases(many, hw, n, 1)['d2h']
+        assert d2h_many == pytest.approx(d2h_one)
+        # ... and a copy still pays its latency once.
+        assert d2h_one[0] >= hw.copy_latency_s
+    # ParallelUpdater still copies array by array: with two replicas one
+    # gather and one broadcast on the critical path, each 99 calls longer.
+    for predict in (costmodel.typical_closed_form,
+                    lambda w, h, n: costmodel.simulate_typical(
+                        w, h, n).iteration_s):
+        grown = predict(many, hw, 2) - predict(one, hw, 2)
+        assert grown == pytest.approx(2 * 99 * hw.copy_latency_s)
+        assert predict(many, hw, 4) > predict(one, hw, 4) + \
+            2 * 99 * hw.copy_latency_s
+
+
+@pytest.mark.parametrize('fused', [False, True])
+def test_cgdp_host_work_does_not_grow_with_a_chunks_arrays(fused):
+    # Every host operation costs 1 ms per call and nothing per byte; a CPU
+    # worker's copy into its shared slot 1 ms per call.
+    def measured(arrays):
+        profile = cpu_profile()
+        profile['layers'][0].update(param_bytes=4000, param_arrays=arrays)
+        profile['copy']['latency_s'] = 1e-3
+        for op in profile['host']['ops'].values():
+            op['per_array_s'] = 1e-3
+        if fused:
+            profile['host']['fused'] = {'momentum_sgd': {
+                'per_array_s': 1e-3, 'per_byte_s': 0.0,
+                'per_slot_byte_s': 0.0}}
+        hw = hardware.get_hardware('this-cpu', profile).replace(
+            host_chunk_overhead_s=0.0)
+        return costmodel.build_workload(profile, hw, 1), hw
+    (one, hw), (many, _) = measured(1), measured(100)
+    for n in (1, 2):
+        assert costmodel.host_job_seconds(many, hw, n, 100, 4000) == \
+            pytest.approx(costmodel.host_job_seconds(one, hw, n, 1, 4000))
+        for workers in ('process', 'thread'):
+            assert costmodel.simulate_cgdp(
+                many, hw, n, 1, workers=workers).iteration_s == \
+                pytest.approx(costmodel.simulate_cgdp(
+                    one, hw, n, 1, workers=workers).iteration_s)
+            assert costmodel.cgdp_closed_form(
+                many, hw, n, 1, workers=workers) == pytest.approx(
+                    costmodel.cgdp_closed_form(one, hw, n, 1,
+                                               workers=workers))
+    # ParallelUpdater on CPUs: addgrads and copyparams per other replica
+    # and the update, each 99 calls more.
+    for n in (1, 2, 3):
+        grown = (costmodel.typical_closed_form(many, hw, n)
+                 - costmodel.typical_closed_form(one, hw, n))
+        assert grown == pytest.approx(99 * 1e-3 * (1 + 2 * (n - 1)))
+        assert costmodel.simulate_typical(many, hw, n).iteration_s == \
+            pytest.approx(costmodel.typical_closed_form(many, hw, n))
+
+
+def test_cgdp_gathers_a_chunks_gradients_once_on_the_device():
+    # GPUs: the chunk's gradients are packed into its flat buffer after its
+    # backward (at least reading and writing its bytes), one kernel
+    # whatever its array count; the typical baseline's per-array device
+    # overheads still grow with the arrays.
+    hw = make_hardware(device_memory_bw=1e5, device_array_overhead_s=1e-3)
+    one, many = one_layer_in(1), one_layer_in(100)
+    backward_one = costmodel.cgdp_phases(one, hw, 1, 1)['backward'][0]
+    backward_many = costmodel.cgdp_phases(many, hw, 1, 1)['backward'][0]
+    assert backward_many == pytest.approx(backward_one)
+    assert backward_one - 0.2 >= 2 * 4000 / hw.device_memory_bw
+    assert costmodel.typical_closed_form(many, hw, 2) > \
+        costmodel.typical_closed_form(one, hw, 2)
+    # CPU replicas have no separate gather: their one copy is it.
+    profile = cpu_profile()
+    profile['layers'][0].update(param_bytes=4000, param_arrays=3)
+    cpu = hardware.get_hardware('this-cpu', profile)
+    work = costmodel.build_workload(profile, cpu, 1)
+    assert costmodel.cgdp_gather_seconds(work, cpu, 3, 4000) == 0.0
+
+
+def test_cgdp_chunk_calls_are_per_chunk():
+    for arrays in (1, 7, 300):
+        calls = costmodel.cgdp_chunk_calls(arrays)
+        assert calls == costmodel.cgdp_chunk_calls(1)
+        assert calls.copies == calls.host_calls == calls.gathers == 1
+    # Nothing to copy, reduce or update in a chunk without parameters.
+    empty = costmodel.cgdp_chunk_calls(0)
+    assert empty.copies == empty.host_calls == empty.gathers == 0
 
 
 def test_fair_speeds_max_min():
@@ -354,31 +457,33 @@ def test_host_job_shares_the_cores_a_replica_keeps_busy(busy, expected):
 
 
 def test_host_job_gil_seconds():
-    # Per array: update 1 ms, mean of two slots 2 ms, a further slot 0.5 ms;
-    # 10 arrays, 3 devices, 10 ms per job.
+    # Per call: update 1 ms, mean of two slots 2 ms, a further slot 0.5 ms;
+    # 3 devices, 10 ms per job. The chunk's 10 arrays are one flat slice:
+    # one call of each.
     ops = {'update': {'per_array_s': 1e-3, 'per_byte_s': 1.0},
            'reduce2': {'per_array_s': 2e-3, 'per_byte_s': 1.0},
            'reduce_slot': {'per_array_s': 0.5e-3, 'per_byte_s': 1.0}}
     work = workload([1.0], [1.0], [100])
     work.host_ops = ops
     hw = make_hardware(host_chunk_overhead_s=0.01)
+    calls = costmodel.cgdp_chunk_calls(10).host_calls
     assert costmodel.host_job_gil_seconds(work, hw, 3, 10) == \
-        pytest.approx(0.01 + 10 * (2e-3 + 0.5e-3) + 10 * 1e-3)
+        pytest.approx(0.01 + calls * (2e-3 + 0.5e-3) + calls * 1e-3)
     # One device lends its slot: no reduction.
     assert costmodel.host_job_gil_seconds(work, hw, 1, 10) == \
-        pytest.approx(0.01 + 10 * 1e-3)
+        pytest.approx(0.01 + calls * 1e-3)
     # Multi-node: the reduce job packs (one pass), the update job unpacks
     # and scales (two passes).
     assert costmodel.host_job_gil_seconds(work, hw, 3, 10, 'reduce') == \
-        pytest.approx(0.01 + 0.025 + 0.005)
+        pytest.approx(0.01 + calls * (2e-3 + 0.5e-3 + 0.5e-3))
     assert costmodel.host_job_gil_seconds(work, hw, 3, 10, 'update') == \
-        pytest.approx(0.01 + 0.01)
-    # A preset: its Python per array (two calls for the mean of two slots,
-    # one per further slot, the update rule's).
+        pytest.approx(calls * (1e-3 + 2 * 0.5e-3))
+    # A preset: its Python per call (two for the mean of two slots, one
+    # per further slot, the update rule's).
     work.host_ops = None
     op, update = hw.host_op_overhead_s, hw.host_update_overhead_s
     assert costmodel.host_job_gil_seconds(work, hw, 3, 10) == \
-        pytest.approx(0.01 + 10 * 3 * op + 10 * update)
+        pytest.approx(0.01 + calls * 3 * op + calls * update)
 
 
 def test_host_job_and_replica_share_the_gil():
@@ -1220,16 +1325,18 @@ def test_flops_count_calls_and_layers():
 # ------------------------------------------------ host update per optimizer
 
 def test_adam_costs_more_on_the_host_than_momentum_sgd():
-    # A preset: 2 more bytes of traffic per byte and its cost per array.
+    # A preset: 2 more bytes of traffic per byte and its cost per call (a
+    # CGDP chunk of 10 arrays: one fused call).
     work = workload([1.0], [1.0], [100])
     hw = make_hardware(host_thread_bw=100.0, host_memory_bw=100.0,
                        host_update_overhead_s=1e-3,
                        host_adam_overhead_s=3e-3)
+    calls = costmodel.cgdp_chunk_calls(10).host_calls
     momentum = costmodel.host_job_seconds(work, hw, 1, 10, 100)
-    assert momentum == pytest.approx(5.0 + 10e-3)
+    assert momentum == pytest.approx(5.0 + calls * 1e-3)
     work.optimizer = 'adam'
     assert costmodel.host_job_seconds(work, hw, 1, 10, 100) == \
-        pytest.approx(7.0 + 30e-3)
+        pytest.approx(7.0 + calls * 3e-3)
 
 
 def test_measured_host_update_per_optimizer():
@@ -1241,11 +1348,16 @@ def test_measured_host_update_per_optimizer():
     hw = hardware.get_hardware('this-cpu', profile).replace(
         host_chunk_overhead_s=0.0)
     adam = costmodel.build_workload(profile, hw, 1, optimizer='adam')
+    # Chainer's rules, as ParallelUpdater runs them: one call per array.
+    assert costs_module.host_update_seconds(adam, hw, 2, 400) == \
+        pytest.approx(2 * 4e-3 + 4e-3)
+    # CGDP's host job: one call over the chunk's flat slice.
+    calls = costmodel.cgdp_chunk_calls(2).host_calls
     assert costmodel.host_job_seconds(adam, hw, 1, 2, 400) == \
-        pytest.approx(8e-3 + 4e-3)
+        pytest.approx(calls * 4e-3 + 4e-3)
     sgd = costmodel.build_workload(profile, hw, 1)
     assert costmodel.host_job_seconds(sgd, hw, 1, 2, 400) == \
-        pytest.approx(2e-3)
+        pytest.approx(calls * 1e-3)
     # A profile from before the per-optimizer measurement has no Adam.
     del profile['host']['update_rules']
     with pytest.raises(ValueError, match='adam'):
@@ -1370,9 +1482,10 @@ def test_profile_counts_forward_and_backward_calls_per_layer():
 
 
 def test_host_jobs_run_the_fused_update_where_measured():
-    # 2 arrays of 400 bytes in all, 3 devices: 2 x 1 ms + 400 x (1e-6 +
-    # 3 x 1e-7) = 2.52 ms; the Python per array holds the GIL, the kernels
-    # do not. Without the fused costs, Chainer's rules (2 x 2 ms).
+    # 2 arrays of 400 bytes in all in one flat slice, 3 devices: one call
+    # of 1 ms + 400 x (1e-6 + 3 x 1e-7) = 1.52 ms; the Python per call
+    # holds the GIL, the kernels do not. Without the fused costs, the
+    # update rule's cost per call (2 ms).
     profile = cpu_profile()
     profile['layers'][0].update(param_bytes=400, param_arrays=2)
     profile['host']['ops']['update'] = {'per_array_s': 2e-3,
@@ -1382,17 +1495,18 @@ def test_host_jobs_run_the_fused_update_where_measured():
     hw = hardware.get_hardware('this-cpu', profile).replace(
         host_chunk_overhead_s=0.0)
     work = costmodel.build_workload(profile, hw, 1)
+    calls = costmodel.cgdp_chunk_calls(2).host_calls
     assert costmodel.host_job_seconds(work, hw, 3, 2, 400) == \
-        pytest.approx(2.52e-3)
+        pytest.approx(calls * 1e-3 + 400 * (1e-6 + 3 * 1e-7))
     assert costmodel.host_job_gil_seconds(work, hw, 3, 2) == \
-        pytest.approx(2e-3)
+        pytest.approx(calls * 1e-3)
     adam = costmodel.build_workload(dict(profile, host=dict(
         profile['host'], update_rules={'adam': {'per_array_s': 2e-3,
                                                 'per_byte_s': 0.0}})),
         hw, 1, optimizer='adam')
     assert adam.host_fused is None
     assert costmodel.host_job_seconds(adam, hw, 1, 2, 400) == \
-        pytest.approx(4e-3)
+        pytest.approx(calls * 2e-3)
 
 
 def test_measure_fused_host_update():

@@ -35,11 +35,13 @@ from cgdp_chainer.costmodel.inputs import (  # NOQA
     flops_profile, plan_chunks,
     load_profile, resolve_network, layer_gil_seconds)
 from cgdp_chainer.costmodel.costs import (  # NOQA
-    BACKWARD_TRAFFIC, FORWARD_TRAFFIC, chunk_compute_times, chunk_gil_times,
-    cpu_layer_times, cpu_threads_per_replica, device_op_seconds,
+    BACKWARD_TRAFFIC, FORWARD_TRAFFIC, ChunkCalls, cgdp_chunk_calls,
+    cgdp_chunk_times, cgdp_copy_latency_seconds, cgdp_gather_seconds,
+    chunk_compute_times, chunk_gil_times, cpu_layer_times,
+    cpu_threads_per_replica, device_op_seconds,
     gil_demand, host_job_gil_seconds, host_job_parts, host_job_seconds,
-    host_traffic_bytes, host_traffic_parts, replica_gil_share,
-    ring_allreduce_seconds)
+    host_traffic_bytes, host_traffic_parts, per_array_copy_latency_seconds,
+    replica_gil_share, ring_allreduce_seconds)
 from cgdp_chainer.costmodel.topology import (  # NOQA
     capacities, collective, concurrent_rates, host_path, peer_path,
     ring_hops, standalone_rate)

@@ -66,7 +66,7 @@ def typical_closed_form(workload, hardware, n_devices, iterations=2,
                 + (n_devices - 1) * costs.op_cost(ops, 'copyparams', arrays,
                                                   n_bytes))
     caps = topology.capacities(hardware, n_devices)
-    latency = arrays * hardware.copy_latency_s
+    latency = costs.per_array_copy_latency_seconds(hardware, arrays, n_bytes)
     f_s, b_s = costs.whole_model_times(workload, hardware, workload.forward_s,
                                        workload.backward_s)
     compute = f_s + b_s
@@ -166,9 +166,11 @@ def cgdp_phases(workload, hardware, n_devices, chunk_size, n_nodes=1,
 
     Returns:
         dict: ``forward`` (seconds of one replica's forward), lists
-        ``backward``, ``d2h``, ``host``, ``allreduce`` (the chunk's ring
-        all-reduce across the nodes; zeros for one node), ``h2d`` (one entry
-        per chunk, output end first) and ``chunks`` (their layer ranges).
+        ``backward`` (on GPUs with its gradients' gather, see
+        :func:`costs.cgdp_chunk_times`), ``d2h``, ``host``, ``allreduce``
+        (the chunk's ring all-reduce across the nodes; zeros for one
+        node), ``h2d`` (one entry per chunk, output end first) and
+        ``chunks`` (their layer ranges).
         With ``n_nodes > 1`` also ``reduce`` and ``update``, the two host
         jobs (see :func:`costs.host_job_parts`), and ``host`` is their sum.
     """
@@ -180,7 +182,7 @@ def cgdp_phases(workload, hardware, n_devices, chunk_size, n_nodes=1,
     forward, backward = _shared_layer_times(workload, hardware, n_devices,
                                             workers, chunks)
     rates = _concurrent_copy_rates(hardware, n_devices, workers)
-    chunk_forward, chunk_backward = costs.chunk_compute_times(
+    chunk_forward, chunk_backward = costs.cgdp_chunk_times(
         workload, hardware, forward, backward, chunks)
     phases = {'forward': sum(chunk_forward), 'backward': [], 'd2h': [],
               'host': [], 'allreduce': [], 'h2d': [], 'chunks': []}
@@ -274,8 +276,9 @@ def _add_chunk_phases(phases, workload, hardware, n_devices, n_nodes,
     a, b = chunk
     n_bytes = sum(workload.param_bytes[a:b])
     arrays = sum(workload.param_arrays[a:b])
-    latency = arrays * hardware.copy_latency_s if (
-        n_bytes > 0 and math.isfinite(d2h_rate)) else 0.0
+    # One copy per direction per chunk, whatever its array count.
+    latency = costs.cgdp_copy_latency_seconds(hardware, arrays, n_bytes) \
+        if math.isfinite(d2h_rate) else 0.0
     d2h_s = latency + n_bytes / d2h_rate
     h2d_s = (latency + n_bytes / h2d_rate) if math.isfinite(
         h2d_rate) else 0.0

@@ -1,6 +1,7 @@
 """Seconds of the pieces of an iteration: host jobs, on-device operations,
 ring all-reduces, a CPU replica's layers at a BLAS-thread count, chunks
 and the shares of the interpreter lock they hold."""
+import dataclasses
 
 
 # Memory traffic of one update per parameter byte: MomentumSGD reads the
@@ -9,14 +10,134 @@ and the shares of the interpreter lock they hold."""
 UPDATE_TRAFFIC = {'momentum_sgd': 5, 'adam': 7}
 
 
-def op_cost(ops, name, arrays, n_bytes):
-    """Seconds of a measured operation: ``arrays x per_array_s + n_bytes x
-    per_byte_s`` of ``ops[name]``."""
-    return cost_of(ops[name], arrays, n_bytes)
+@dataclasses.dataclass(frozen=True)
+class ChunkCalls:
+    """The calls CGDP's runtime issues for one chunk, per replica and
+    iteration (see :func:`cgdp_chunk_calls`).
+
+    Attributes:
+        gathers (int): Device-side gathers of the chunk's gradient arrays
+            into its flat gradient buffer, per replica (GPUs only: see
+            :func:`cgdp_gather_seconds`).
+        copies (int): Copies per direction per replica (the gradients to
+            the host, the new weights back), each paying
+            ``hardware.copy_latency_s`` once.
+        host_calls (int): The host's fused reduce and update calls over
+            the chunk's flat buffers, each paying the per-call (in the
+            profile: ``per_array_s``) costs once.
+    """
+    gathers: int
+    copies: int
+    host_calls: int
 
 
-def cost_of(op, arrays, n_bytes):
-    return arrays * op['per_array_s'] + n_bytes * op['per_byte_s']
+def cgdp_chunk_calls(arrays):
+    """How many gathers, copies and host calls a CGDP chunk of ``arrays``
+    parameter arrays issues: the one place the closed forms and the
+    simulation read these counts from.
+
+    Each chunk lives in one contiguous slice of flat buffers
+    (``runtime/buffers.py``'s ``FlatLayout``): its hand-over is one copy per
+    direction, after one gather of the replica's gradients (Chainer
+    allocates them anew each backward, so they are not views of the flat
+    buffer; the replica's parameters are, so the weights need no scatter),
+    and the host reduces and updates it in one fused call per run of one
+    dtype. The profile does not record dtypes, so a chunk is taken as one
+    run (what float32 models have). None of it grows with the number of
+    arrays; the baselines (Chainer's updaters, ChainerMN) still copy and
+    update per array and do not use this.
+
+    Args:
+        arrays (int): Parameter arrays in the chunk.
+
+    Returns:
+        ChunkCalls: The counts; all 0 for a chunk without parameters
+        (nothing to copy, reduce or update).
+    """
+    calls = 1 if arrays > 0 else 0
+    return ChunkCalls(gathers=calls, copies=calls, host_calls=calls)
+
+
+def cgdp_gather_seconds(workload, hardware, arrays, n_bytes):
+    """Seconds of the device-side gather of a CGDP chunk's gradients into
+    its flat buffer, before its one copy to the host.
+
+    On GPUs a packing kernel per gather (:func:`device_op_seconds`
+    ``'pack'``: the chunk's bytes read and written at device memory
+    bandwidth plus the per-call overhead), run on the replica's stream
+    after the chunk's backward, so the next chunk's backward and the
+    chunk's copy wait for it. On CPU replicas there is no separate gather:
+    a worker process's one copy into its shared flat slot is the gather
+    (priced as the copy), and thread workers hand the arrays over by
+    reference.
+
+    Args:
+        workload (Workload): The costs.
+        hardware (Hardware): The machine.
+        arrays (int): Parameter arrays in the chunk.
+        n_bytes (int): Parameter bytes in the chunk.
+
+    Returns:
+        float: Seconds.
+    """
+    gathers = cgdp_chunk_calls(arrays).gathers
+    if hardware.kind == 'cpu' or gathers == 0 or n_bytes <= 0:
+        return 0.0
+    return gathers * device_op_seconds(workload, hardware, 'pack', 1,
+                                       n_bytes)
+
+
+def cgdp_copy_latency_seconds(hardware, arrays, n_bytes):
+    """The fixed cost of one direction of a CGDP chunk's hand-over: its
+    copies (:func:`cgdp_chunk_calls`) times ``hardware.copy_latency_s``;
+    0 when there are no bytes to copy."""
+    if n_bytes <= 0:
+        return 0.0
+    return cgdp_chunk_calls(arrays).copies * hardware.copy_latency_s
+
+
+def per_array_copy_latency_seconds(hardware, arrays, n_bytes):
+    """The fixed cost of copying ``n_bytes`` one parameter array at a time,
+    as Chainer's updaters (``ParallelUpdater``, ChainerMN's local sum and
+    spread) do: ``arrays x copy_latency_s``; 0 when there are no bytes."""
+    if n_bytes <= 0:
+        return 0.0
+    return arrays * hardware.copy_latency_s
+
+
+def cgdp_chunk_times(workload, hardware, forward, backward, chunks):
+    """CGDP's per-chunk forward and backward seconds: those of
+    :func:`chunk_compute_times`, each backward followed by its gradients'
+    gather (:func:`cgdp_gather_seconds`).
+
+    Args:
+        workload (Workload): The costs.
+        hardware (Hardware): The machine.
+        forward, backward (list of float): Per-layer seconds.
+        chunks (list of (int, int)): Layer ranges.
+
+    Returns:
+        tuple of list: ``(forward per chunk, backward per chunk)``.
+    """
+    chunk_forward, chunk_backward = chunk_compute_times(
+        workload, hardware, forward, backward, chunks)
+    chunk_backward = [t + cgdp_gather_seconds(
+        workload, hardware, sum(workload.param_arrays[a:b]),
+        sum(workload.param_bytes[a:b]))
+                      for t, (a, b) in zip(chunk_backward, chunks)]
+    return chunk_forward, chunk_backward
+
+
+def op_cost(ops, name, calls, n_bytes):
+    """Seconds of a measured operation: ``calls x per_array_s + n_bytes x
+    per_byte_s`` of ``ops[name]`` (``per_array_s`` is measured per call on
+    one array: the baselines make one call per array, CGDP one per chunk,
+    see :func:`cgdp_chunk_calls`)."""
+    return cost_of(ops[name], calls, n_bytes)
+
+
+def cost_of(op, calls, n_bytes):
+    return calls * op['per_array_s'] + n_bytes * op['per_byte_s']
 
 
 def host_update_overhead(hardware, optimizer):
@@ -26,30 +147,49 @@ def host_update_overhead(hardware, optimizer):
     return hardware.host_update_overhead_s
 
 
-def host_update_seconds(workload, hardware, arrays, n_bytes):
-    """Seconds of the workload's optimizer updating ``arrays`` parameter
-    arrays of ``n_bytes`` on the host with Chainer's update rules: measured
-    where the profile has it, else the update's traffic over one host
-    thread plus the preset's cost per array."""
+def host_update_seconds(workload, hardware, calls, n_bytes):
+    """Seconds of the workload's optimizer updating ``n_bytes`` of
+    parameters on the host in ``calls`` update calls: measured where the
+    profile has Chainer's rules, else the update's traffic over one host
+    thread plus the preset's cost per call.
+
+    Args:
+        workload (Workload): The costs.
+        hardware (Hardware): The machine.
+        calls (int): Update calls: one per parameter array for Chainer's
+            rules (``ParallelUpdater``), the chunk's host calls for CGDP
+            (:func:`cgdp_chunk_calls`: one update over a flat buffer costs
+            about what one rule call over one array does, beyond its
+            bytes).
+        n_bytes (int): Parameter bytes updated.
+
+    Returns:
+        float: Seconds.
+    """
     if workload.update_op() is not None:
-        return cost_of(workload.update_op(), arrays, n_bytes)
+        return cost_of(workload.update_op(), calls, n_bytes)
     traffic = UPDATE_TRAFFIC[workload.optimizer] * n_bytes
-    return traffic / hardware.host_thread_bw + arrays * host_update_overhead(
+    return traffic / hardware.host_thread_bw + calls * host_update_overhead(
         hardware, workload.optimizer)
 
 
 def host_job_seconds(workload, hardware, n_devices, arrays, n_bytes):
     """Seconds one host thread takes to reduce and update one chunk.
 
-    One device's slot is lent as the sum (no reduction). With the
-    runtime's fused reduce and update measured (``workload.host_fused``):
-    ``arrays x per_array + bytes x (per_byte + N x per_slot_byte)``. Else,
-    with measured host costs: the mean of two slots, each further slot and
-    the update rule, each ``arrays x per_array + bytes x per_byte``.
-    Without: memory traffic over the thread's bandwidth plus per-array
-    overheads; the runtime's blocked reduction reads ``N`` slots and writes
-    the mean once (the scaling happens in cache), and the update moves
-    :data:`UPDATE_TRAFFIC` bytes per byte.
+    The runtime reduces and updates a chunk's flat slices in
+    ``c = cgdp_chunk_calls(arrays).host_calls`` fused calls (one per
+    chunk), so the fixed costs below are paid ``c`` times, not once per
+    array; the profile's ``per_array_s`` of each operation, measured per
+    call on one-element arrays, is that cost per call. One device's slot
+    is lent as the sum (no reduction). With the runtime's fused reduce and
+    update measured (``workload.host_fused``): ``c x per_array + bytes x
+    (per_byte + N x per_slot_byte)``. Else, with measured host costs: the
+    mean of two slots, each further slot and the update rule, each ``c x
+    per_array + bytes x per_byte``. Without: memory traffic over the
+    thread's bandwidth plus per-call overheads; the runtime's blocked
+    reduction reads ``N`` slots and writes the mean once (the scaling
+    happens in cache), and the update moves :data:`UPDATE_TRAFFIC` bytes
+    per byte.
 
     Args:
         workload (Workload): The costs.
@@ -61,29 +201,30 @@ def host_job_seconds(workload, hardware, n_devices, arrays, n_bytes):
     Returns:
         float: Seconds.
     """
+    calls = cgdp_chunk_calls(arrays).host_calls
     if workload.host_fused is not None:
         # The runtime's fused pass: the slots summed block by block into
         # the update (one device's slot is read as the gradient).
         fused = workload.host_fused
         return (hardware.host_chunk_overhead_s
-                + arrays * fused['per_array_s']
+                + calls * fused['per_array_s']
                 + n_bytes * (fused['per_byte_s']
                              + n_devices * fused['per_slot_byte_s']))
     if workload.host_ops is not None:
         ops = workload.host_ops
         seconds = (hardware.host_chunk_overhead_s
-                   + host_update_seconds(workload, hardware, arrays,
+                   + host_update_seconds(workload, hardware, calls,
                                          n_bytes))
         if n_devices > 1:
-            seconds += (op_cost(ops, 'reduce2', arrays, n_bytes)
+            seconds += (op_cost(ops, 'reduce2', calls, n_bytes)
                         + (n_devices - 2) * op_cost(ops, 'reduce_slot',
-                                                    arrays, n_bytes))
+                                                    calls, n_bytes))
         return seconds
     traffic = host_traffic_bytes(n_devices, n_bytes, workload.optimizer)
     rate = min(hardware.host_thread_bw * threads_per_server(hardware),
                hardware.host_memory_bw)
     reduce_calls = n_devices if n_devices > 1 else 0
-    overhead = arrays * (reduce_calls * hardware.host_op_overhead_s
+    overhead = calls * (reduce_calls * hardware.host_op_overhead_s
                          + host_update_overhead(hardware,
                                                 workload.optimizer))
     return traffic / rate + overhead + hardware.host_chunk_overhead_s
@@ -144,20 +285,23 @@ def host_job_parts(workload, hardware, n_devices, arrays, n_bytes):
     communication thread, and the host threads are free for other chunks.
     The reduce job carries the fixed cost of a host job. With measured host
     costs, packing, unpacking and scaling each cost one ``reduce_slot``
-    (a pass that reads one array and updates another).
+    (a pass that reads one array and updates another). Every pass is over
+    the chunk's flat slices: its fixed costs are paid once per host call
+    (:func:`cgdp_chunk_calls`), not per array.
 
     Returns:
         tuple: ``(reduce seconds, update seconds)``.
     """
+    calls = cgdp_chunk_calls(arrays).host_calls
     if workload.host_ops is not None:
         ops = workload.host_ops
-        one_pass = op_cost(ops, 'reduce_slot', arrays, n_bytes)
+        one_pass = op_cost(ops, 'reduce_slot', calls, n_bytes)
         reduce_s = hardware.host_chunk_overhead_s + one_pass
         if n_devices > 1:
-            reduce_s += (op_cost(ops, 'reduce2', arrays, n_bytes)
+            reduce_s += (op_cost(ops, 'reduce2', calls, n_bytes)
                          + (n_devices - 2) * op_cost(ops, 'reduce_slot',
-                                                     arrays, n_bytes))
-        update_s = host_update_seconds(workload, hardware, arrays,
+                                                     calls, n_bytes))
+        update_s = host_update_seconds(workload, hardware, calls,
                                        n_bytes) + 2 * one_pass
         return reduce_s, update_s
     reduce_traffic, update_traffic = host_traffic_parts(
@@ -165,10 +309,10 @@ def host_job_parts(workload, hardware, n_devices, arrays, n_bytes):
     rate = host_rate(hardware)
     reduce_calls = n_devices if n_devices > 1 else 0
     op = hardware.host_op_overhead_s
-    reduce_s = (reduce_traffic / rate + arrays * (reduce_calls + 1) * op
+    reduce_s = (reduce_traffic / rate + calls * (reduce_calls + 1) * op
                 + hardware.host_chunk_overhead_s)
     update_s = (update_traffic / rate
-                + arrays * (host_update_overhead(hardware, workload.optimizer)
+                + calls * (host_update_overhead(hardware, workload.optimizer)
                             + 2 * op))
     return reduce_s, update_s
 
@@ -177,11 +321,18 @@ def host_job_gil_seconds(workload, hardware, n_devices, arrays,
                          part=None):
     """Seconds of a chunk's host job that hold the GIL.
 
-    A host operation's cost per array (``per_array_s`` of each measured
+    A host operation's cost per call (``per_array_s`` of each measured
     operation: the update rule's Python, NumPy's dispatch; on presets their
-    ``host_op_overhead_s`` and update overhead) runs under the GIL; its
-    cost per byte (NumPy's loops) does not. The job's fixed cost (waking
-    the pool thread, the events) is Python too.
+    ``host_op_overhead_s`` and update overhead), paid once per host call
+    of the chunk (:func:`cgdp_chunk_calls`), runs under the GIL; its cost
+    per byte (NumPy's loops) does not. The job's fixed cost (waking the
+    pool thread, the events) is Python too.
+
+    Args:
+        workload (Workload): The costs.
+        hardware (Hardware): The machine.
+        n_devices (int): Slots to reduce.
+        arrays (int): Parameter arrays in the chunk.
 
     Args:
         part (str or None): ``None`` for the single-node job;
@@ -192,32 +343,33 @@ def host_job_gil_seconds(workload, hardware, n_devices, arrays,
         float: Seconds.
     """
     ops = workload.host_ops
+    calls = cgdp_chunk_calls(arrays).host_calls
 
-    def per_array(name):
+    def per_call(name):
         if name == 'update':
             if workload.update_op() is not None:
-                return arrays * workload.update_op()['per_array_s']
-            return arrays * host_update_overhead(hardware,
-                                                 workload.optimizer)
+                return calls * workload.update_op()['per_array_s']
+            return calls * host_update_overhead(hardware,
+                                                workload.optimizer)
         if ops is None:
-            calls = 2 if name == 'reduce2' else 1
-            return arrays * calls * hardware.host_op_overhead_s
-        return arrays * ops[name]['per_array_s']
+            passes = 2 if name == 'reduce2' else 1
+            return calls * passes * hardware.host_op_overhead_s
+        return calls * ops[name]['per_array_s']
     reduce_s = 0.0
     if n_devices > 1:
-        reduce_s = per_array('reduce2') + (n_devices - 2) * per_array(
+        reduce_s = per_call('reduce2') + (n_devices - 2) * per_call(
             'reduce_slot')
     if part == 'reduce':
         return (hardware.host_chunk_overhead_s + reduce_s
-                + per_array('reduce_slot'))
+                + per_call('reduce_slot'))
     if part == 'update':
-        return per_array('update') + 2 * per_array('reduce_slot')
+        return per_call('update') + 2 * per_call('reduce_slot')
     if workload.host_fused is not None:
-        # The fused kernels release the GIL; their Python per array holds
+        # The fused kernels release the GIL; their Python per call holds
         # it.
         return (hardware.host_chunk_overhead_s
-                + arrays * workload.host_fused['per_array_s'])
-    return hardware.host_chunk_overhead_s + reduce_s + per_array('update')
+                + calls * workload.host_fused['per_array_s'])
+    return hardware.host_chunk_overhead_s + reduce_s + per_call('update')
 
 
 def threads_per_server(hardware):

@@ -104,15 +104,20 @@ class Hardware:
             convolution/linear functions (and the rate of any other
             function's FLOPs).
         device_memory_bw: One device's memory bandwidth: what a function's
-            bytes take, and the on-device gradient sum and update of the
-            typical data parallel baseline.
+            bytes take, the on-device gradient sum and update of the
+            typical data parallel baseline and CGDP's gather of a chunk's
+            gradients into its flat buffer.
         device_array_overhead_s: Fixed cost per parameter array per on-device
-            operation (Chainer's Python dispatch plus a kernel launch).
+            operation (Chainer's Python dispatch plus a kernel launch); a
+            packing kernel over a flat buffer (NCCL's, CGDP's gather) pays
+            it once.
         devices_per_socket: Devices attached to each CPU socket.
         host_link_bw: Device-to-socket link bandwidth per direction.
         host_link_shared: Devices that share one device-to-socket link (a
             PCIe switch uplink); 1 means a dedicated link.
-        copy_latency_s: Fixed cost of one copy (one parameter array).
+        copy_latency_s: Fixed cost of one copy call: the baselines make
+            one per parameter array, CGDP one per chunk and direction
+            (``costs.cgdp_chunk_calls``).
         copy_engine_bw: Bandwidth cap of one copy engine per direction.
         peer_scope: Direct device-to-device links: ``'none'`` (copies are
             staged through the host), ``'socket'`` (only devices on the same
@@ -136,11 +141,13 @@ class Hardware:
             GPU work is queued asynchronously, so on GPUs it only counts when
             it exceeds the queued work; it is added to each chunk's backward
             as a lower bound of its duration.
-        host_op_overhead_s: Fixed cost per parameter array of one NumPy
-            call on the host (copy, add, scale in the reduction).
-        host_update_overhead_s: Fixed cost per parameter array of one
-            Chainer MomentumSGD update rule call on the host (Python
-            dispatch).
+        host_op_overhead_s: Fixed cost of one NumPy call on the host
+            (copy, add, scale in the reduction): CGDP makes one per chunk
+            over its flat slice (``costs.cgdp_chunk_calls``).
+        host_update_overhead_s: Fixed cost of one Chainer MomentumSGD
+            update rule call on the host (Python dispatch): one per
+            parameter array for Chainer's updaters; CGDP's host job, one
+            update over the chunk's flat slice, pays it once.
         host_adam_overhead_s: The same for Adam.
         function_forward_s, function_backward_s: Host-side seconds of one
             Chainer function call in the forward and in the backward

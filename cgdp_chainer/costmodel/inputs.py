@@ -294,7 +294,9 @@ class Workload:
         host_fused (dict or None): Measured costs of the runtime's fused
             reduce and update of ``optimizer`` (``per_array_s``,
             ``per_byte_s``, ``per_slot_byte_s``), which CGDP's host jobs
-            run where the profile has them.
+            run where the profile has them (``per_array_s`` is measured per
+            call on one-element arrays; CGDP makes one call per chunk, see
+            ``costs.cgdp_chunk_calls``).
         measured (bool): Compute times come from a measurement.
     """
     forward_s: list

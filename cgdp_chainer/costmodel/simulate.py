@@ -52,16 +52,16 @@ def iteration_result(tasks, iterations, compute_s):
 
 
 def add_transfer(sim, hardware, caps, kind, device, chunk, iteration, path,
-                 n_bytes, arrays, deps, exclusive, extra_demands=None):
-    """Adds a copy of ``n_bytes`` in ``arrays`` calls over ``path`` (one
-    copy call per parameter array, as the runtime and Chainer issue them);
-    ``extra_demands`` are other shared resources it uses (a CPU copy's
-    core).
+                 n_bytes, latency, deps, exclusive, extra_demands=None):
+    """Adds a copy of ``n_bytes`` over ``path`` after a fixed ``latency``
+    (its calls' ``copy_latency_s``: ``ParallelUpdater`` copies per array,
+    CGDP once per chunk, see :func:`costs.per_array_copy_latency_seconds`
+    and :func:`costs.cgdp_copy_latency_seconds`); ``extra_demands`` are other
+    shared resources it uses (a CPU copy's core).
     """
     rate = topology.standalone_rate(hardware, caps, path)
     demands = {resource: rate * use for resource, use in path.items()}
     demands.update(extra_demands or {})
-    latency = arrays * hardware.copy_latency_s if n_bytes > 0 else 0.0
     return sim.add(kind, device, chunk, iteration, n_bytes / rate, deps,
                    latency=latency, exclusive=exclusive, demands=demands)
 
@@ -203,6 +203,8 @@ class _TypicalGraph(object):
         self.net_s = net_s
         self.n_bytes = workload.total_bytes
         self.arrays = workload.total_arrays
+        self.latency = costs.per_array_copy_latency_seconds(
+            hardware, self.arrays, self.n_bytes)
 
     def add_cpu_iterations(self, iterations):
         """CPU replicas: one Python thread drives every replica, forwards,
@@ -297,7 +299,7 @@ class _TypicalGraph(object):
             copy = add_transfer(
                 self.sim, self.hardware, self.caps, 'gather', j, None, it,
                 topology.peer_path(self.hardware, j, 0), self.n_bytes,
-                self.arrays, [backward[j], previous_add, previous_copy],
+                self.latency, [backward[j], previous_add, previous_copy],
                 None)
             previous_copy = copy
             previous_add = self.sim.add('add', 0, None, it, add_s,
@@ -323,7 +325,7 @@ class _TypicalGraph(object):
             previous = add_transfer(
                 self.sim, self.hardware, self.caps, 'broadcast', j, None, it,
                 topology.peer_path(self.hardware, 0, j), self.n_bytes,
-                self.arrays, [previous], None)
+                self.latency, [previous], None)
             ready[j] = previous
 
 
@@ -399,7 +401,11 @@ class _CgdpCosts(object):
         n_chunks (int): Their number.
         cpu (bool): CPU replicas.
         multinode (bool): More than one node.
-        forward_s, backward_s, host_s (list of float): Per chunk.
+        forward_s, backward_s, host_s (list of float): Per chunk (on GPUs
+            the backward includes its gradients' gather, see
+            :func:`costs.cgdp_chunk_times`).
+        copy_latency_s (list of float): The fixed cost of each direction
+            of a chunk's hand-over (one copy per chunk).
         reduce_s, update_s, net_s (list of float or None): Multi-node:
             the host job's two parts and the chunk's all-reduce.
         chunk_bytes, chunk_arrays (list of int): Per chunk.
@@ -440,12 +446,15 @@ class _CgdpCosts(object):
             forward, backward = workload.forward_s, workload.backward_s
             compute_demands = None
             host_demands = {'host_mem[0]': costs.host_rate(hardware)}
-        self.forward_s, self.backward_s = costs.chunk_compute_times(
+        self.forward_s, self.backward_s = costs.cgdp_chunk_times(
             workload, hardware, forward, backward, self.chunks)
         self.chunk_bytes = [sum(workload.param_bytes[a:b])
                             for a, b in self.chunks]
         self.chunk_arrays = [sum(workload.param_arrays[a:b])
                              for a, b in self.chunks]
+        self.copy_latency_s = [costs.cgdp_copy_latency_seconds(
+            hardware, arrays, n_bytes) for arrays, n_bytes in zip(
+                self.chunk_arrays, self.chunk_bytes)]
         return compute_demands, host_demands
 
     def _host_times(self, n_nodes, network):
@@ -591,18 +600,18 @@ class _CgdpGraph(object):
             return backward
         path = topology.host_path(self.hardware, i, 'd2h')
         n_bytes = self.costs.chunk_bytes[c]
-        arrays = self.costs.chunk_arrays[c]
+        latency = self.costs.copy_latency_s[c]
         if self.costs.cpu:
             # A worker process copies the chunk's gradients into its shared
-            # slots itself, on its core, before its next backward.
+            # flat slot itself, on its core, before its next backward.
             copy = add_transfer(self.sim, self.hardware, self.caps, 'd2h', i,
-                                c, it, path, n_bytes, arrays, [backward],
+                                c, it, path, n_bytes, latency, [backward],
                                 'copy_out[{}]'.format(i), {'cores': 1.0})
             delivered.append(copy)
             return copy
         delivered.append(add_transfer(
             self.sim, self.hardware, self.caps, 'd2h', i, c, it, path,
-            n_bytes, arrays, [backward], 'copy_out[{}]'.format(i)))
+            n_bytes, latency, [backward], 'copy_out[{}]'.format(i)))
         return backward
 
     def _add_host_jobs(self, it, delivered):
@@ -646,7 +655,7 @@ class _CgdpGraph(object):
                 self.params_ready[i][c] = add_transfer(
                     self.sim, self.hardware, self.caps, 'h2d', i, c, it,
                     topology.host_path(self.hardware, i, 'h2d'),
-                    self.costs.chunk_bytes[c], self.costs.chunk_arrays[c],
+                    self.costs.chunk_bytes[c], self.costs.copy_latency_s[c],
                     [host], 'copy_in[{}]'.format(i))
 
 
