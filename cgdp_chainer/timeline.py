@@ -52,6 +52,7 @@ class Timeline(object):
         self._events = []
         self._summaries = []
         self._notes = []
+        self._copies = []  # (iteration, device, counts, time)
         self._lock = threading.Lock()
         self._replica_labels = {}
         self._rank = None
@@ -102,6 +103,21 @@ class Timeline(object):
             thread = threading.current_thread().name
         return _Span(self, iteration, device, kind, chunk, thread)
 
+    def count_copies(self, iteration, device, counts):
+        """Records the copies a GPU replica's transfer issued for an
+        iteration (its gradients' copies out and, since its previous
+        count, its parameters' copies in), for the iteration's summary and
+        the trace.
+
+        Args:
+            iteration (int): The iteration.
+            device (int): The replica's index.
+            counts (dict): ``'d2h'``, ``'h2d'`` and ``'event'`` counts.
+        """
+        with self._lock:
+            self._copies.append((iteration, device, dict(counts),
+                                 self.now()))
+
     def end_iteration(self, iteration, start, end, sync_end=None):
         """Closes an iteration and derives its summary from its events.
 
@@ -131,7 +147,12 @@ class Timeline(object):
                 if e.kind == 'backward':
                     last_backward_end = max(last_backward_end, e.end)
             n = max(1, len(devices))
+            copies = collections.Counter()
+            for copy_iteration, _, counts, _ in self._copies:
+                if copy_iteration == iteration:
+                    copies.update(counts)
             self._summaries.append({
+                'copies': dict(copies),
                 'iteration': iteration,
                 'start': start,
                 'end': end,
@@ -145,6 +166,7 @@ class Timeline(object):
                         self._summaries[-self.max_iterations:]}
                 self._events = [e for e in self._events
                                 if e.iteration in keep]
+                self._copies = [c for c in self._copies if c[0] in keep]
 
     @property
     def events(self):
@@ -157,7 +179,8 @@ class Timeline(object):
         """Per-iteration dicts: iteration, start, end, duration, compute
         (mean per device), wait (mean per device), exposed_sync (from the
         last backward's end on any device until the last chunk's weights
-        are published)."""
+        are published), copies (what GPU replicas' transfers issued, summed
+        over them: ``'d2h'``, ``'h2d'``, ``'event'``; empty on the CPU)."""
         with self._lock:
             return [dict(s) for s in self._summaries]
 
@@ -191,6 +214,12 @@ class Timeline(object):
             metadata.append({'name': 'thread_sort_index', 'ph': 'M',
                              'pid': pid, 'tid': tid,
                              'args': {'sort_index': tid}})
+        with self._lock:
+            copies = list(self._copies)
+        for iteration, device, counts, time_ in copies:
+            trace.append({'name': 'copies', 'ph': 'C', 'pid': pid,
+                          'tid': device, 'ts': time_ * 1e6,
+                          'args': dict(counts, iteration=iteration)})
         for time_, text in self.notes:
             trace.append({'name': text, 'cat': 'note', 'ph': 'i', 's': 'g',
                           'pid': pid, 'tid': 0, 'ts': time_ * 1e6})

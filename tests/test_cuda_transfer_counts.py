@@ -14,6 +14,8 @@ import chainer
 import numpy
 import pytest
 
+import cgdp_chainer
+
 from cgdp_chainer.runtime import buffers
 from cgdp_chainer.runtime import cuda_transfer
 
@@ -170,6 +172,24 @@ def test_each_chunk_is_one_copy_each_way_per_iteration(staged):
         spans = [layout.span(names) for names in reversed(CHUNKS)]
         assert copies.d2h_bytes == [s.stop - s.start for s in spans]
         assert copies.h2d_bytes == copies.d2h_bytes
+
+
+def test_the_timeline_says_how_many_copies_an_iteration_issued():
+    port, _, replica, _ = _transfer()
+    port.take_counts()
+    timeline = cgdp_chainer.Timeline()
+    for iteration in range(2):
+        start = timeline.now()
+        _iterate(port, replica, CHUNKS, seed=iteration)
+        timeline.count_copies(iteration, 0, port.take_counts())
+        timeline.end_iteration(iteration, start, timeline.now())
+    n = len(CHUNKS)
+    for summary in timeline.iteration_summaries:
+        assert summary['copies'] == {'d2h': n, 'h2d': n, 'event': 3 * n}
+    counters = [e for e in timeline.to_chrome_trace()['traceEvents']
+                if e['ph'] == 'C']
+    assert [(e['args']['iteration'], e['args']['d2h']) for e in counters] \
+        == [(0, n), (1, n)]
 
 
 @pytest.mark.parametrize('staged', [False, True])

@@ -727,6 +727,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                 timeline.record(self.iteration, index, kind, chunk,
                                 begin - timeline.origin,
                                 end - timeline.origin)
+            if result.copies is not None:
+                timeline.count_copies(self.iteration, index, result.copies)
         timeline.end_iteration(self.iteration, start, timeline.now(),
                                sync_end)
 

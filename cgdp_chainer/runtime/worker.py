@@ -81,7 +81,8 @@ def caller_config():
             if key not in _SKIPPED_CONFIG}
 
 IterationResult = collections.namedtuple(
-    'IterationResult', ('observation', 'events', 'persistents', 'ready'))
+    'IterationResult', ('observation', 'events', 'persistents', 'ready',
+                        'copies'), defaults=(None,))
 IterationResult.__doc__ = """What a replica hands back after an iteration.
 
 Attributes:
@@ -95,6 +96,9 @@ Attributes:
     persistents (dict or None): The replica's persistent values, if asked.
     ready (BackwardReport or None): The ready order of the backward, in the
         iteration that forms the plan.
+    copies (dict or None): What a GPU replica's transfer issued since its
+        last result (``'d2h'``, ``'h2d'``, ``'event'`` counts), when events
+        are recorded.
 """
 
 
@@ -224,7 +228,12 @@ class ReplicaWorker(object):
             events=clock.flush(),
             persistents=(save_persistents(replica)
                          if job.send_persistents else None),
-            ready=report if forming else None)
+            ready=report if forming else None,
+            copies=self._copy_counts() if job.record_events else None)
+
+    def _copy_counts(self):
+        take = getattr(self.transfer, 'take_counts', None)
+        return None if take is None else dict(take())
 
     def _iterate(self, job, plan, in_arrays, clock, forming):
         self.host.check()
