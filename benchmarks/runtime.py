@@ -33,10 +33,11 @@ run mean anything), each with its target or measured limit:
   inside a Trainer's loop with LogReport only.
 - ``hostwork``: the per-iteration host work that grows with the parameter
   count, each part timed alone on the short regime's net and on ``--net``,
-  for 2 process replicas: the structure check, the identity checks of the
-  publishes, the BatchNormalization statistics' hand-over (outside a
-  Trainer's loop), the comparison of the persistent values, and the chunk
-  signals (a round trip per chunk).
+  for 2 process replicas: the structure check and the identity check of
+  the master's arrays (both outside a Trainer's loop only), the
+  BatchNormalization statistics' hand-over (outside a Trainer's loop), the
+  comparison of the persistent values, and the chunk signals (a round trip
+  per chunk).
 """
 import copy
 import collections
@@ -296,14 +297,17 @@ def host_work(net, args, n_replicas=2):
     record = master_module.PersistentsRecord(master)
     names = list(params)
     parts = collections.OrderedDict()
-    parts['structure check'] = _best_seconds(lambda: structure.check(master))
-    # Each replica's publish at the start of update(), and the
-    # accumulator's after each chunk's update.
-    parts['identity checks'] = (n_replicas + 1) * _best_seconds(
+    # Both run only where code other than the updater may have run since
+    # the last update (outside a Trainer's loop, or after an extension
+    # that may write the model); a loop of known extensions skips them.
+    parts['structure check (outside a loop)'] = _best_seconds(
+        lambda: structure.check(master))
+    parts['identity checks (outside a loop)'] = _best_seconds(
         lambda: shared_master.sync(names))
-    parts['statistics hand-over'] = _best_seconds(
+    parts['statistics hand-over (outside a loop)'] = _best_seconds(
         lambda: _statistics_hand_over(master, record))
-    parts['persistents comparison'] = _best_seconds(record.changed)
+    parts['persistents comparison (outside a loop)'] = _best_seconds(
+        record.changed)
     shared_master.release()
     updater = _updater('cgdp', copy.deepcopy(base), n_replicas, args.batch,
                        image_size)

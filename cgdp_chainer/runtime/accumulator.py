@@ -158,6 +158,8 @@ class HostAccumulator(object):
         self._loss_scale = None
         self._hook_program = None
         self.grads_written = 0
+        # Fused update calls so far: one per run of a chunk's slice.
+        self.fused_calls = 0
         if self._whole_gradient:
             warnings.warn(
                 'optimizer hook(s) {} need the whole gradient: CGDP reduces '
@@ -516,6 +518,8 @@ class HostAccumulator(object):
                           grads, state, fused_rule.advance_run(rules)))
         self._host_update.update_runs(calls, weights, weighted,
                                       self._hook_program, self._write_grads)
+        with self._lock:
+            self.fused_calls += len(calls)
 
     def _update(self, names):
         optimizer = self.optimizer
