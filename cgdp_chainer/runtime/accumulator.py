@@ -194,6 +194,11 @@ class HostAccumulator(object):
         self._chunk_names = chunk_names
         self._programs = {}
 
+    def forget_programs(self):
+        """Forms every chunk's fused runs anew at its next update (after
+        the optimizer's state was restored, say)."""
+        self._programs = {}
+
     def relayout(self, layout):
         """Follows the master (already moved by
         :meth:`FlatMaster.relayout`) into ``layout``: the gradients and the
@@ -229,7 +234,7 @@ class HostAccumulator(object):
                 formed again; else those of the last iteration hold).
         """
         if revalidate:
-            self._programs = {}
+            self.forget_programs()
         n_chunks = len(self.chunk_names)
         self._start_loss_scale()
         self._write_grads = bool(write_grads)

@@ -557,6 +557,15 @@ class ProcessReplicas(object):
                     except (EOFError, OSError):
                         del conns[handle]
                         self._worker_died(index)
+                    except Exception as error:
+                        # A message that does not unpickle here, or a
+                        # hand-over that fails: the caller must hear of
+                        # it rather than wait for messages never read.
+                        self.failures.fail(error, 'worker monitor')
+                        self._broadcast(('abort',))
+                        with self._cond:
+                            self._cond.notify_all()
+                        return
                 elif handle in sentinels:
                     index = sentinels.pop(handle)
                     self._worker_died(index)

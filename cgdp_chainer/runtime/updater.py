@@ -1085,6 +1085,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         if isinstance(serializer, chainer.serializer.Deserializer) and \
                 self._replicas is not None:
             self._replicas.master.sync(self._names)
+            # The restored state and counts form the fused runs anew.
+            self._accumulator.forget_programs()
             for port in self._replicas.ports:
                 for chunk, names in enumerate(self._chunk_names):
                     port.publish(chunk, names)
