@@ -292,6 +292,13 @@ class ReplicaWorker(object):
         self._early = tuple(sorted({
             runtime_chunk(plan, plan.chunk_of[name])
             for name, path in outside.items() if path is None}))
+        self._plan = plan
+        if not self.transfer.is_gpu:
+            # A host replica's chunks are published before the next
+            # iteration starts: no forward waits, and a link hook would
+            # cost every link call of the forward.
+            self._hook = None
+            return
         uses = _Uses({name: path for name, path in outside.items()
                       if path is not None})
         self._hook = readiness.ChunkWaitHook(
@@ -299,7 +306,6 @@ class ReplicaWorker(object):
             lambda index: self.transfer.wait_params(
                 runtime_chunk(plan, index)), uses=uses)
         self._hook.install()
-        self._plan = plan
 
 
 class _Uses(object):
