@@ -748,13 +748,22 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         # take every chunk again whenever the master may have been
         # written, in place or not.
         self._replicas.master.sync(self._names)
+        self._publish_to_gpus()
+        if edited and self._has_persistents and self._persistents.changed():
+            self._refresh_persistents = True
+            self._persistents_stale = False
+
+    def _publish_to_gpus(self):
+        """Sends every chunk of the master to the GPU replicas, which hold
+        copies (host replicas read the master's buffer)."""
+        if self._layout_unsent is not None:
+            # Adopting the new layout takes the whole buffer again; the
+            # replicas' spans are still the old layout's.
+            return
         for port in self._replicas.ports:
             if port.is_gpu:
                 for chunk, names in enumerate(self._chunk_names):
                     port.publish(chunk, names)
-        if edited and self._has_persistents and self._persistents.changed():
-            self._refresh_persistents = True
-            self._persistents_stale = False
 
     def sync_persistents(self):
         """Copies the first replica's persistent values (BatchNormalization
@@ -1087,9 +1096,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self._replicas.master.sync(self._names)
             # The restored state and counts form the fused runs anew.
             self._accumulator.forget_programs()
-            for port in self._replicas.ports:
-                for chunk, names in enumerate(self._chunk_names):
-                    port.publish(chunk, names)
+            self._publish_to_gpus()
             self._refresh_persistents = True
             self._persistents_stale = False
         if isinstance(serializer, chainer.serializer.Deserializer) and \
