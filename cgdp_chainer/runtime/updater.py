@@ -93,16 +93,17 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     The optimizer's target (the user's model) is the master: it is moved to
     host memory, and it holds the trained parameters whenever trainer
     extensions run and after training. It is also the truth between
-    iterations, as for ``StandardUpdater``: each ``update()`` first checks
+    iterations, as for ``StandardUpdater``: where user code may have run
+    since the last ``update()`` (outside a Trainer's loop, or after one of
+    its extensions that may write the model), each ``update()`` first checks
     every master parameter's identity (a parameter added, removed, reshaped,
     retyped, uninitialized or with its link replaced is refused by name),
-    lets host replicas, which read the master's own arrays, follow replaced
-    ones, sends changed persistent values to every replica, and gives GPU
-    replicas every parameter again if user code may have run since the last
-    ``update()``. Host replicas so pay an identity check per parameter; GPU
-    replicas hold copies, which no check short of a copy can vouch for, so
-    they pay a copy only where user code may have run: outside a Trainer's
-    loop, or after one of its extensions that may write the model.
+    copies replaced arrays into the master's flat buffer, which host
+    replicas read, sends changed persistent values to every replica, and
+    gives GPU replicas, which hold copies, every chunk again. Inside a
+    Trainer's loop of extensions known not to write the model, and inside
+    :meth:`unattended`, nothing but the updater touched the model, and
+    none of this runs.
     BatchNormalization statistics stay per device; those of the first are
     copied to the master before anything may read them: in a Trainer's loop
     before an extension that may read the model, in :meth:`serialize`,
