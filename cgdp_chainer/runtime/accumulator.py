@@ -207,11 +207,11 @@ class HostAccumulator(object):
         if layout == self._layout:
             return
         self._state.relayout(layout)
-        values = {name: grad.copy() for name, grad in self._grads.items()}
         self._layout = layout
-        self._grads = layout.views(self._grad_buffer)
+        self._grads = buffers.place(
+            layout, self._grad_buffer,
+            {name: grad.copy() for name, grad in self._grads.items()})
         for name, param in self.master_params.items():
-            self._grads[name][...] = values[name]
             param.grad = self._grads[name]
         self._slot_views = [layout.views(t.slot_buffer)
                             for t in self.transfers]
@@ -399,10 +399,7 @@ class HostAccumulator(object):
         (:meth:`FusedRule.run_key`); their state is moved into the flat
         state buffers, their gradients are the accumulator's views.
         """
-        for name in names:
-            param = self.master_params[name]
-            if param.grad is not self._grads[name]:
-                param.grad = self._grads[name]
+        self._own_grads(names)
         host_update = self._host_update
         if host_update is None or self._hook_program is None or not names:
             return _ChunkProgram([], list(names))
@@ -430,6 +427,23 @@ class HostAccumulator(object):
             [(self._layout.run_of(group),
               [self.master_params[name].update_rule for name in group])
              for group in runs if group], unfused)
+
+    def _own_grads(self, names):
+        """Makes ``param.grad`` of ``names`` the accumulator's views again
+        (where a slot was lent, or user code set another array)."""
+        for name in names:
+            param = self.master_params[name]
+            if param.grad is not self._grads[name]:
+                param.grad = self._grads[name]
+
+    def fused_parameters(self):
+        """The parameters that the next update of each chunk fuses (the
+        rest go through Chainer's rules), in chunk order."""
+        names = []
+        for chunk, chunk_names in enumerate(self.chunk_names):
+            program = self._program(chunk, chunk_names)
+            names += [name for run, _ in program.runs for name in run.names]
+        return names
 
     def _reduce(self, names):
         """Reduces the devices' slots of ``names`` into ``param.grad`` (the
@@ -469,10 +483,7 @@ class HostAccumulator(object):
                 else:
                     reduce_weighted(out, slots, weights)
                 reduced.append(out)
-        for name in names:
-            param = self.master_params[name]
-            if param.grad is not self._grads[name]:
-                param.grad = self._grads[name]
+        self._own_grads(names)
         # Even a chunk without parameters takes its sequence number.
         # Host threads may finish chunks in any order; numbering them
         # from the output end makes every rank send them alike.

@@ -166,6 +166,16 @@ class FlatLayout(object):
         return Run(dtype, first, stop, tuple(names))
 
 
+def place(layout, buffer, values):
+    """Writes ``values`` (name -> array) to their places of ``layout`` in
+    ``buffer``; returns the views, name -> array, as
+    :meth:`FlatLayout.views` does."""
+    views = layout.views(buffer)
+    for name, value in values.items():
+        views[name][...] = value
+    return views
+
+
 def typed(buffer, run):
     """A run of a flat buffer as a 1-D array of the run's dtype."""
     return buffer[run.start:run.stop].view(run.dtype)
@@ -209,11 +219,14 @@ class FlatMaster(object):
             raise ValueError('the flat buffer holds {} bytes; the layout '
                              'needs {}'.format(buffer.size, layout.capacity))
         self.master_params = master_params
-        self.layout = layout
         self.buffer = buffer
-        self.arrays = layout.views(buffer)
-        for name, param in master_params.items():
-            self.arrays[name][...] = param.array
+        self._place(layout, {name: param.array
+                             for name, param in master_params.items()})
+
+    def _place(self, layout, values):
+        self.layout = layout
+        self.arrays = place(layout, self.buffer, values)
+        for name, param in self.master_params.items():
             param.array = self.arrays[name]
 
     def sync(self, names):
@@ -230,13 +243,8 @@ class FlatMaster(object):
     def relayout(self, layout):
         """Moves every parameter to its place in ``layout``, in the same
         buffer (nothing may read the buffer meanwhile)."""
-        values = {name: param.array.copy()
-                  for name, param in self.master_params.items()}
-        self.layout = layout
-        self.arrays = layout.views(self.buffer)
-        for name, param in self.master_params.items():
-            self.arrays[name][...] = values[name]
-            param.array = self.arrays[name]
+        self._place(layout, {name: param.array.copy()
+                             for name, param in self.master_params.items()})
 
     def release(self):
         """Gives the master private copies of its arrays again (before the
@@ -303,11 +311,10 @@ class FlatState(object):
             bound = {name: rule for name, rule in bound.items()
                      if rule.state is not None and key in rule.state}
             self._bound[key] = bound
-            values = {name: rule.state[key].copy()
-                      for name, rule in bound.items()}
-            views = self._views[key] = layout.views(self._buffers[key])
+            views = self._views[key] = place(
+                layout, self._buffers[key],
+                {name: rule.state[key].copy() for name, rule in bound.items()})
             for name, rule in bound.items():
-                views[name][...] = values[name]
                 rule.state[key] = views[name]
         self.layout = layout
 

@@ -615,32 +615,12 @@ class HostUpdate(object):
         scale), or None."""
         return hook_program(pre, post, loss_scale)
 
-    def partition(self, params, slots):
-        """Splits parameter names into (fused, Chainer's path).
-
-        Args:
-            params (dict): Name -> master parameter, for the names to update.
-            slots (dict): Name -> list of the gradient arrays to sum.
-
-        Returns:
-            tuple: Two lists of names, in ``params``' order.
-        """
-        fused, other = [], []
-        for name, param in params.items():
-            size = param.array.size if param.array is not None else -1
-            if self.fused_rule.fuses(param) and all(
-                    _fusable_array(s, size) for s in slots[name]):
-                fused.append(name)
-            else:
-                other.append(name)
-        return fused, other
-
     def update(self, params, slots, weights, weighted, program, grads=None):
         """Sums, hooks and updates each parameter in one pass.
 
         Args:
-            params (list of chainer.Parameter): Parameters that
-                :meth:`partition` fused.
+            params (list of chainer.Parameter): Parameters whose rule the
+                fused rule takes (:meth:`FusedRule.fuses`).
             slots (list of list of numpy.ndarray): Per parameter, the
                 gradients to sum (one per replica, or the reduced one).
             weights (list of float): Per slot, its weight if ``weighted``;
@@ -654,30 +634,16 @@ class HostUpdate(object):
                 parameter's size), as Chainer's rules leave it in
                 ``param.grad``; None stores nothing.
         """
-        codes, args = program
-        weights = numpy.asarray(weights, dtype=numpy.float32)
-        weighted = bool(weighted)
-        kernel = self._kernel
-        jobs = []
         write = grads is not None
         outs = grads if write else [None] * len(params)
+        runs = []
         for param, inputs, out in zip(params, slots, outs):
             state, scalars = self.fused_rule.scalars(param.update_rule)
-            p = param.array.reshape(-1)
-            # Without a destination the kernel gets the parameter, unwritten
-            # there, so that numba compiles one signature.
-            gout = out.reshape(-1) if write else p
-            flat = tuple(g.reshape(-1) for g in inputs)
-            n_slots = len(flat)
-            if n_slots < SLOT_TUPLE:
-                # numba compiles a kernel per tuple length: padding to one
-                # length (the kernel reads only n_slots) compiles it once.
-                flat += (flat[0],) * (SLOT_TUPLE - n_slots)
-            state = tuple(s.reshape(-1) for s in state)
-            jobs.append((_Job(kernel, p, flat, n_slots, weights, weighted,
-                              codes, args, gout, write, state, scalars),
-                         p.size))
-        self._pool.run(jobs, self._block)
+            runs.append((param.array.reshape(-1),
+                         [g.reshape(-1) for g in inputs],
+                         out.reshape(-1) if write else None,
+                         [a.reshape(-1) for a in state], scalars))
+        self.update_runs(runs, weights, weighted, program, write)
 
     def update_runs(self, runs, weights, weighted, program, write):
         """Sums, hooks and updates runs of flat buffers, one kernel call per
@@ -702,7 +668,11 @@ class HostUpdate(object):
         for p, slots, gout, state, scalars in runs:
             n_slots = len(slots)
             if n_slots < SLOT_TUPLE:
+                # numba compiles a kernel per tuple length: padding to one
+                # length (the kernel reads only n_slots) compiles it once.
                 slots = tuple(slots) + (slots[0],) * (SLOT_TUPLE - n_slots)
+            # Without a destination the kernel gets the parameter, unwritten
+            # there, so that numba compiles one signature.
             jobs.append((_Job(self._kernel, p, tuple(slots), n_slots,
                               weights, weighted, codes, args,
                               gout if write else p, write, tuple(state),
