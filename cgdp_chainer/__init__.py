@@ -2,6 +2,8 @@
 from cgdp_chainer import _compat  # NOQA: must run before Chainer is imported
 from cgdp_chainer.timeline import Timeline  # NOQA
 from cgdp_chainer.runtime.updater import CGDPUpdater  # NOQA
+from cgdp_chainer.runtime.multi_node_optimizer import (  # NOQA
+    create_multi_node_optimizer)
 from cgdp_chainer.runtime import updater as _updater
 
 

@@ -44,6 +44,7 @@ from cgdp_chainer.mpi.allreduce import SUPPORTED_DTYPES  # NOQA
 from cgdp_chainer.mpi.chainermn_baseline import make_chainermn_updater  # NOQA
 from cgdp_chainer.mpi.chainermn_optimizer import (  # NOQA
     host_optimizer_and_comm)
+from cgdp_chainer.mpi.chainermn_optimizer import refuse_bypassed_update  # NOQA
 from cgdp_chainer.mpi.chainermn_optimizer import SeparateModelsWarning  # NOQA
 from cgdp_chainer.mpi.consistency import broadcast_parameters  # NOQA
 from cgdp_chainer.mpi.consistency import check_consistency  # NOQA

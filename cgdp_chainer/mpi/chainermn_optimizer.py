@@ -65,7 +65,7 @@ def host_optimizer_and_comm(optimizer, mpi_comm):
     if _is_multi_node_optimizer(optimizer):
         comm = _joined_comm(comm, as_mpi_comm(optimizer.communicator))
         optimizer = optimizer.actual_optimizer
-    _refuse_bypassed_update(optimizer)
+    refuse_bypassed_update(optimizer, 'CGDPUpdater')
     if comm is None:
         _warn_if_ranks_train_apart()
     return optimizer, comm
@@ -109,7 +109,19 @@ def _joined_comm(given, wrapped):
     return given
 
 
-def _refuse_bypassed_update(optimizer):
+def refuse_bypassed_update(optimizer, taker):
+    """Raises unless ``optimizer`` is a ``chainer.GradientMethod`` whose
+    ``update()`` is Chainer's own: CGDP runs its update rules and hooks
+    itself, chunk by chunk on the host, and never calls its ``update()``.
+
+    Args:
+        optimizer: The optimizer given to CGDP.
+        taker (str): What it was given to (``'CGDPUpdater'``,
+            ``'create_multi_node_optimizer'``), for the message.
+
+    Raises:
+        ValueError: Naming what would be bypassed, with the fix.
+    """
     import chainer
     update = getattr(type(optimizer), 'update', None)
     if update is chainer.GradientMethod.update:
@@ -122,13 +134,14 @@ def _refuse_bypassed_update(optimizer):
                      if 'update' in vars(cls))
         why = '{} overrides update() (in {})'.format(name, owner.__name__)
     raise ValueError(
-        'optimizer: {}; CGDPUpdater runs the update rules and hooks of a '
+        'optimizer: {}; {} runs the update rules and hooks of a '
         'chainer.GradientMethod itself, chunk by chunk on the host, and '
         'never calls its update(), so it would bypass what {}.update() '
         'does. Give a plain chainer.GradientMethod (extra work per update '
-        'goes into an optimizer hook, optimizer.add_hook) or a ChainerMN '
-        'multi-node optimizer around one, or train with StandardUpdater'
-        .format(why, name))
+        'goes into an optimizer hook, optimizer.add_hook){}'.format(
+            why, taker, name, ' or a ChainerMN multi-node optimizer around '
+            'one, or train with StandardUpdater' if taker == 'CGDPUpdater'
+            else ', or use chainermn.create_multi_node_optimizer'))
 
 
 def _warn_if_ranks_train_apart():

@@ -2,7 +2,6 @@
 import collections
 import contextlib
 import copy
-import hashlib
 import numbers
 import time
 import warnings
@@ -20,6 +19,7 @@ from cgdp_chainer import blas
 from cgdp_chainer import devices as devices_module
 from cgdp_chainer import randomness
 from cgdp_chainer.runtime import channels
+from cgdp_chainer.runtime import chunking
 from cgdp_chainer.runtime import device_view
 from cgdp_chainer.runtime import master as master_module
 from cgdp_chainer.runtime import observations
@@ -30,11 +30,7 @@ from cgdp_chainer.runtime import worker as worker_module
 REDUCTIONS = ('mean', 'sum')
 WORKER_KINDS = channels.WORKER_KINDS
 
-# The default chunk: consecutive layers (in backward order) holding at least
-# this many bytes of parameters, as PyTorch DDP fills its buckets. Smaller
-# chunks shrink the exposed last sync; each chunk costs a message per
-# replica and a host task (see benchmarks/any_model.py for the trade-off).
-DEFAULT_CHUNK_BYTES = 1024 * 1024
+DEFAULT_CHUNK_BYTES = chunking.DEFAULT_CHUNK_BYTES
 
 # The 'auto' search starts at the layer count that gives at most this many
 # chunks, so that it stays within a few dozen iterations on deep networks
@@ -382,16 +378,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     def chunking_description(self):
         """The chunking in use in words, e.g. ``'129 chunks of >= 1 MiB'``
         (for figures and logs)."""
-        kind, value = self._spec
-        count = '?' if self._plan is None else self._plan.n_chunks
-        if kind == 'bytes':
-            words = '{} chunks of >= {}'.format(count, _size_words(value))
-        elif kind == 'size':
-            words = '{} chunks of {} layer{}'.format(
-                count, value, '' if value == 1 else 's')
-        else:
-            words = '{} chunks starting at layers {}'.format(
-                count, [0] + list(value))
+        words = chunking.describe(
+            self._spec, None if self._plan is None else self._plan.n_chunks)
         if self._search is not None:
             words += ' (auto search)'
         return words
@@ -423,66 +411,25 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     def _parse_chunking(self, chunk_size, chunk_bytes):
         """Checks ``chunk_size`` / ``chunk_bytes``; returns the spec
         ``(kind, value)`` that forms the plan (``kind``: ``'size'``,
-        ``'bytes'`` or ``'boundaries'``)."""
-        n = self._n_layers
-        if chunk_bytes is not None:
-            if chunk_size is not None:
-                raise ValueError(
-                    'give chunk_size (layers per chunk) or chunk_bytes '
-                    '(bytes per chunk), not both; got chunk_size={!r}, '
-                    'chunk_bytes={!r}'.format(chunk_size, chunk_bytes))
-            if isinstance(chunk_bytes, bool) or not isinstance(
-                    chunk_bytes, numbers.Integral) or chunk_bytes < 1:
-                raise ValueError('chunk_bytes must be a positive integer '
-                                 '(bytes per chunk); got {!r}'.format(
-                                     chunk_bytes))
-            return ('bytes', int(chunk_bytes))
-        if chunk_size is None:
-            return ('bytes', DEFAULT_CHUNK_BYTES)
-        if isinstance(chunk_size, str):
-            if chunk_size != 'auto' and chunk_size not in \
-                    _CHUNK_SIZE_POLICIES:
-                raise ValueError(
-                    'unknown chunk_size {!r}; use an int from 1 to {} (layers '
-                    'per chunk), a list of chunk boundaries, a chooser, None '
-                    'or one of {}'.format(chunk_size, n,
-                                          ', '.join(chunk_size_policies())))
-            if chunk_size == 'auto':
-                from cgdp_chainer.runtime import chunk_search
-                start = max(1, -(-n // AUTO_SEARCH_MAX_CHUNKS))
-                self._search = chunk_search.ChunkSizeSearch(n, start=start)
-                return self._size_spec(self._search.current_size)
-            self._chooser = _CHUNK_SIZE_POLICIES[chunk_size]()
+        ``'bytes'`` or ``'boundaries'``; a policy or a chooser forms the
+        default chunks until it has chosen)."""
+        kind, value = chunking.parse_chunking(
+            chunk_size, chunk_bytes, self._n_layers, chunk_size_policies())
+        if kind == 'policy' and value == 'auto':
+            from cgdp_chainer.runtime import chunk_search
+            start = max(1, -(-self._n_layers // AUTO_SEARCH_MAX_CHUNKS))
+            self._search = chunk_search.ChunkSizeSearch(self._n_layers,
+                                                        start=start)
+            return self._size_spec(self._search.current_size)
+        if kind == 'policy':
+            self._chooser = _CHUNK_SIZE_POLICIES[value]()
             return ('bytes', DEFAULT_CHUNK_BYTES)  # until it has chosen
-        if callable(chunk_size):
-            self._chooser = chunk_size
+        if kind == 'chooser':
+            self._chooser = value
             return ('bytes', DEFAULT_CHUNK_BYTES)
-        if isinstance(chunk_size, (list, tuple)):
-            starts = list(chunk_size)
-            if starts[:1] == [0]:
-                starts = starts[1:]  # chunk 0 always starts at layer 0
-            if any(isinstance(b, bool) or not isinstance(b, numbers.Integral)
-                   for b in starts) or any(
-                       b <= a for a, b in zip([0] + starts, starts)) or (
-                           starts and starts[-1] >= n):
-                raise ValueError(
-                    'chunk boundaries {!r} must be strictly increasing layer '
-                    'indices in backward order, from 0 (the output-side '
-                    'layer) to {} (the model has {} layers)'.format(
-                        list(chunk_size), n - 1, n))
-            return ('boundaries', [int(b) for b in starts])
-        if isinstance(chunk_size, bool) or not isinstance(
-                chunk_size, numbers.Integral):
-            raise ValueError(
-                'chunk_size must be an int from 1 to {} (layers per chunk), '
-                "a list of chunk boundaries, 'auto', 'model', a chooser or "
-                'None; got {!r}'.format(n, chunk_size))
-        if not 1 <= chunk_size <= n:
-            raise ValueError(
-                'chunk_size={} is out of range: the model has {} layers '
-                '(links that own parameters), so use 1 to {}'.format(
-                    chunk_size, n, n))
-        return self._size_spec(int(chunk_size))
+        if kind == 'size':
+            return self._size_spec(value)
+        return (kind, value)
 
     def _size_spec(self, size):
         self._chunk_size = size
@@ -490,34 +437,16 @@ class CGDPUpdater(standard_updater.StandardUpdater):
 
     def _plan_from(self, report):
         """The plan ``self._spec`` gives for one backward's ready order."""
-        kind, value = self._spec
-        if kind == 'size':
-            return readiness.ChunkPlan.from_ready_order(
-                report.order, report.unused, chunk_size=value)
-        if kind == 'boundaries':
-            return readiness.ChunkPlan.from_ready_order(
-                report.order, report.unused, boundaries=value or None,
-                chunk_size=None if value else self._n_layers)
-        master = self.get_optimizer('main').target
-        return readiness.ChunkPlan.from_ready_order(
-            report.order, report.unused, chunk_bytes=value,
-            nbytes=readiness.parameter_nbytes(master.namedparams()))
+        return chunking.plan_from(
+            self._spec, report,
+            self.get_optimizer('main').target.namedparams(), self._n_layers)
 
     def _form_plan(self, reports):
         """Forms the plan from the first iteration's ready orders and checks
         that every replica and every rank forms the same one."""
         plans = [self._plan_from(report) for report in reports]
         plans[0].check_same([p.fingerprint for p in plans], what='replica')
-        if self._allreducer is not None:
-            digest = int(hashlib.sha256(
-                plans[0].fingerprint.encode('utf-8')).hexdigest()[:12], 16)
-            low = self._allreducer.allreduce_int(digest, op='min')
-            high = self._allreducer.allreduce_int(digest, op='max')
-            if low != high:
-                raise RuntimeError(
-                    'the chunk plans differ between MPI ranks (this rank '
-                    'formed {}); every rank must see the same first-iteration '
-                    'graph'.format(plans[0].fingerprint))
+        chunking.check_same_on_every_rank(plans[0], self._allreducer)
         self._ready = reports[0]
         self._use_plan(plans[0])
 
@@ -1153,13 +1082,6 @@ def _copied(in_arrays):
     """A converter's output with copies of its arrays: the first
     iteration's extra forwards must not touch what the replicas train on."""
     return shared.map_arrays(numpy.copy, in_arrays)
-
-
-def _size_words(n_bytes):
-    for unit, size in (('GiB', 1 << 30), ('MiB', 1 << 20), ('KiB', 1 << 10)):
-        if n_bytes >= size:
-            return '{:g} {}'.format(n_bytes / size, unit)
-    return '{} B'.format(n_bytes)
 
 
 def _describe_error(error):

@@ -1,0 +1,414 @@
+"""CGDP under any training loop: ChainerMN's multi-node optimizer call.
+
+``optimizer = cgdp_chainer.create_multi_node_optimizer(actual, comm)``
+takes the place of ``chainermn.create_multi_node_optimizer(actual, comm)``
+in a script launched with one process (rank) per device. The script's own
+loop, updaters and backward calls stay as they are; underneath, the rank's
+process is the one replica of the updater's machinery: the readiness
+backward hands each chunk of layers over as soon as its gradients are
+final, the host accumulator sums the chunk over the ranks (one all-reduce
+per chunk), runs the actual optimizer's update rules and hooks on it, and
+the model reads the new weights, all while the backward of earlier layers
+goes on.
+
+What is overlapped depends on who runs the backward:
+
+* ``optimizer.update(lossfun, *args)``: the optimizer runs the backward
+  (the readiness traversal, which sets exactly the gradients
+  ``loss.backward()`` sets), so chunks leave during it, as in the updater;
+* ``loss.backward(); optimizer.update()``: Chainer sets a leaf's gradient
+  only at the end of ``Variable.backward()``, so every chunk leaves when
+  ``update()`` is called; the chunks' all-reduces and updates still
+  pipeline with each other, but not with the backward (the timeline marks
+  such iterations with no ``backward`` events).
+
+The arithmetic is ChainerMN's: the gradient is the mean over the ranks
+(``param.grad`` holds it after ``update()``), the actual optimizer's rules
+and hooks run on it, and the first ``update()`` broadcasts rank 0's weights
+and takes no step.
+"""
+import threading
+import time
+
+import chainer
+
+from cgdp_chainer.runtime import accumulator as accumulator_module
+from cgdp_chainer.runtime import buffers
+from cgdp_chainer.runtime import chunking
+from cgdp_chainer.runtime import master as master_module
+from cgdp_chainer.runtime import readiness
+from cgdp_chainer.runtime import transfer as transfer_module
+from cgdp_chainer.runtime import worker as worker_module
+
+# The chunk_size values that the optimizer form takes besides layer counts
+# and boundaries: none (the 'auto' search and the cost model's choice time
+# or profile whole iterations, which only the updater drives).
+_NO_POLICIES = ()
+
+
+def create_multi_node_optimizer(actual_optimizer, communicator,
+                                double_buffering=False, zero_fill=True,
+                                chunk_size=None, chunk_bytes=None,
+                                host_threads=None, timeline=None):
+    """CGDP's multi-node optimizer: ChainerMN's call, one process per device.
+
+    A ChainerMN script switches by the module of this one call
+    (``chainermn.create_multi_node_optimizer`` to
+    ``cgdp_chainer.create_multi_node_optimizer``) and trains what it trained
+    with ChainerMN, with each chunk's all-reduce and update overlapped with
+    the backward of earlier layers (see :mod:`this module
+    <cgdp_chainer.runtime.multi_node_optimizer>` for what is overlapped in
+    each call form).
+
+    Args:
+        actual_optimizer (chainer.GradientMethod): The optimizer whose
+            update rules and hooks run on the host, chunk by chunk.
+        communicator: A ChainerMN communicator or an ``mpi4py`` one; the
+            gradients are averaged over its ranks.
+        double_buffering (bool): Refused if True (ChainerMN's double
+            buffering updates with the previous iteration's gradients).
+        zero_fill (bool): As in ChainerMN; only True is taken (a parameter
+            that took no part in a rank's loss counts as a zero gradient
+            there, as every rank's chunk must hold it).
+        chunk_size (int, list or None): Layers per chunk, or the layer
+            indices (in backward order) where chunks start, as for
+            ``CGDPUpdater``; default: chunks of at least ``chunk_bytes``.
+        chunk_bytes (int or None): Bytes per chunk instead (default: 1 MiB,
+            as ``CGDPUpdater``).
+        host_threads (int or None): Threads of this rank's host
+            accumulator; default: CPU cores, at most 4.
+        timeline (cgdp_chainer.Timeline or None): Records every update's
+            events (host work per chunk; the backward per chunk where the
+            optimizer runs it).
+
+    Returns:
+        MultiNodeOptimizer: Use it as the actual optimizer.
+
+    Raises:
+        ValueError: An option CGDP cannot honour, named with the fix.
+    """
+    from cgdp_chainer import mpi
+    if double_buffering:
+        raise ValueError(
+            'double_buffering=True: ChainerMN\'s double buffering updates '
+            'with the previous iteration\'s gradients, which CGDP does not '
+            'reproduce; CGDP already overlaps each chunk\'s all-reduce and '
+            'update with the backward. Leave double_buffering out')
+    if not zero_fill:
+        raise ValueError(
+            'zero_fill=False: CGDP all-reduces each chunk as one buffer, so '
+            'a parameter without a gradient on a rank counts as zeros '
+            'there (ChainerMN\'s zero_fill=True); leave zero_fill out')
+    mpi.refuse_bypassed_update(actual_optimizer,
+                               'create_multi_node_optimizer')
+    options = _Options(chunk_size, chunk_bytes, host_threads, timeline)
+    comm = mpi.as_mpi_comm(communicator)
+    if not hasattr(comm, 'Get_size'):
+        raise ValueError(
+            'communicator must be a ChainerMN communicator or an mpi4py '
+            'communicator; got {!r}'.format(communicator))
+    return MultiNodeOptimizer(actual_optimizer, communicator, options)
+
+
+class _Options(object):
+    """The CGDP options of a multi-node optimizer, checked when given."""
+
+    def __init__(self, chunk_size, chunk_bytes, host_threads, timeline):
+        # Layer counts are checked against the model at the first update;
+        # everything else now, before any work.
+        chunking.parse_chunking(chunk_size, chunk_bytes, 1 << 30,
+                                _NO_POLICIES)
+        if callable(chunk_size) or isinstance(chunk_size, str):
+            raise ValueError(
+                'chunk_size={!r}: the multi-node optimizer takes a layer '
+                'count, a list of boundaries or None (the \'auto\' search '
+                'and choosers need CGDPUpdater, which drives the '
+                'iterations)'.format(chunk_size))
+        if host_threads is not None and (
+                isinstance(host_threads, bool) or
+                not isinstance(host_threads, int) or host_threads < 1):
+            raise ValueError(
+                'host_threads must be a positive integer or None (CPU '
+                'cores, at most 4); got {!r}'.format(host_threads))
+        if timeline is not None and not all(
+                hasattr(timeline, name) for name in
+                ('record', 'span', 'end_iteration', 'now')):
+            raise ValueError('timeline must be a cgdp_chainer.Timeline or '
+                             'None; got {!r}'.format(timeline))
+        self.chunk_size = chunk_size
+        self.chunk_bytes = chunk_bytes
+        self.host_threads = host_threads
+        self.timeline = timeline
+
+
+class MultiNodeOptimizer(object):
+    """The optimizer that :func:`create_multi_node_optimizer` returns.
+
+    Reads and writes of any other attribute go to the actual optimizer
+    (``lr``, ``t``, ``add_hook``, ``new_epoch``, ``target``, ...), as with
+    ChainerMN's.
+
+    Args:
+        actual_optimizer (chainer.GradientMethod): Set up on the model, or
+            set up later through :meth:`setup`.
+        communicator: The ChainerMN (or mpi4py) communicator.
+        options (_Options): The CGDP options.
+    """
+
+    def __init__(self, actual_optimizer, communicator, options):
+        own = super(MultiNodeOptimizer, self).__setattr__
+        own('actual_optimizer', actual_optimizer)
+        own('communicator', communicator)
+        own('_options', options)
+        own('_rank', None)      # the _RankTraining, from the first update
+
+    def setup(self, link):
+        """Sets up the actual optimizer on ``link``; returns this one."""
+        if self._rank is not None:
+            raise RuntimeError(
+                'this multi-node optimizer has trained already; make a new '
+                'one (with a new actual optimizer) for another model')
+        self.actual_optimizer.setup(link)
+        return self
+
+    def update(self, lossfun=None, *args, **kwds):
+        """One step, as ChainerMN's: the gradient averaged over the ranks.
+
+        Args:
+            lossfun (callable or None): Called as ``lossfun(*args,
+                **kwds)``; its loss is backpropagated here, handing chunks
+                over during the backward. None: the gradients are already
+                in ``param.grad`` (``loss.backward()`` ran in user code);
+                they are handed over now.
+            args, kwds: For ``lossfun``.
+        """
+        target = self.actual_optimizer.target
+        loss = None
+        if lossfun is not None:
+            loss = lossfun(*args, **kwds)
+            # cleargrads also where ChainerMN zero-fills (_use_cleargrads
+            # False): zeros plus the gradient is the gradient.
+            target.cleargrads()
+        if self._rank is None:
+            self._start(loss)
+            return
+        self._rank.step(loss)
+
+    def _start(self, loss):
+        """ChainerMN's first update: the backward, then rank 0's weights
+        to every rank and no step; CGDP also forms its chunks here."""
+        actual = self.actual_optimizer
+        target = actual.target
+        names = [name for name, _ in target.namedparams()]
+        if loss is not None:
+            order = readiness.ReadinessBackward(
+                target.namedparams()).backward(
+                    loss, lambda name, used: None,
+                    loss_scale=actual._loss_scale)
+        else:
+            # The backward ran in user code: without its ready order, the
+            # chunks follow the layers' registration, reversed (a
+            # sequential model's backward order). What leaves when is then
+            # only the host's pipelining order; the result is the same.
+            order = readiness.BackwardReport(tuple(reversed(names)), ())
+        rank = _RankTraining(actual, self.communicator, self._options, order)
+        super(MultiNodeOptimizer, self).__setattr__('_rank', rank)
+
+    def serialize(self, serializer):
+        """Saves or loads the actual optimizer's state; after loading, the
+        host's flat buffers take the restored values."""
+        self.actual_optimizer.serialize(serializer)
+        if self._rank is not None and isinstance(
+                serializer, chainer.serializer.Deserializer):
+            self._rank.restored()
+
+    @property
+    def chunk_plan(self):
+        """The :class:`~cgdp_chainer.runtime.readiness.ChunkPlan` in use
+        (None before the first update)."""
+        return None if self._rank is None else self._rank.plan
+
+    def close(self):
+        """Stops this optimizer's host threads and all-reducer; the model
+        keeps its trained weights. Training with it afterwards raises."""
+        if self._rank is not None:
+            self._rank.close()
+
+    def __getattr__(self, name):
+        return getattr(self.actual_optimizer, name)
+
+    def __setattr__(self, name, value):
+        setattr(self.actual_optimizer, name, value)
+
+
+class _RankTraining(object):
+    """One rank's CGDP for one optimizer: its flat master, its hand-over
+    port, its host accumulator and its all-reducer.
+
+    The model is its own and only replica: its parameters are views of the
+    flat master buffer that the host updates in place, so the weights a
+    chunk's update writes are the ones the next forward reads, with no
+    copy; each chunk's gradients are gathered into a slot buffer laid out
+    alike, reduced there and summed over the ranks.
+
+    Args:
+        optimizer (chainer.GradientMethod): The actual optimizer, set up on
+            the model.
+        communicator: The ranks' communicator.
+        options (_Options): The CGDP options.
+        order (BackwardReport): The first backward's ready order.
+    """
+
+    def __init__(self, optimizer, communicator, options, order):
+        from cgdp_chainer import mpi
+        model = optimizer.target
+        _refuse_device_arrays(model)
+        self.optimizer = optimizer
+        self.timeline = options.timeline
+        mpi.check_consistency(communicator, model, optimizer)
+        n_layers = readiness.count_layers(model)
+        spec = chunking.parse_chunking(
+            options.chunk_size, options.chunk_bytes, n_layers, _NO_POLICIES)
+        self.allreducer = mpi.ChunkAllreducer(communicator)
+        self.plan = chunking.plan_from(spec, order, model.namedparams(),
+                                       n_layers)
+        chunking.check_same_on_every_rank(self.plan, self.allreducer)
+        self.chunk_names = worker_module.runtime_chunk_names(self.plan)
+        self.master = _flat_master(model, self.plan)
+        # ChainerMN's first update: every rank starts from rank 0's weights
+        # (written into the flat buffer the model now reads).
+        mpi.broadcast_parameters(communicator, model)
+        self.failures = accumulator_module.FailureBox()
+        self.port = transfer_module.HostResidentTransfer(
+            self.master, dict(model.namedparams()))
+        self.accumulator = accumulator_module.HostAccumulator(
+            optimizer, [self.port], self.chunk_names, 'mean', self.failures,
+            self.master, n_threads=options.host_threads,
+            timeline=self.timeline, allreducer=self.allreducer)
+        self.structure = master_module.MasterStructure(model)
+        self.backward = readiness.ReadinessBackward(model.namedparams())
+        self.iteration = 0
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def step(self, loss):
+        """One update: hands the chunks over during the backward of
+        ``loss`` (or, for None, all at once), waits for the host, raises
+        what any thread raised."""
+        if self._closed:
+            raise RuntimeError(
+                'this multi-node optimizer was closed{}; make a new one to '
+                'train on'.format('' if self.failures.error is None else
+                                  ' after an error ({!r})'.format(
+                                      self.failures.error)))
+        model = self.optimizer.target
+        # Anything may have run since the last update: a replaced array is
+        # copied into the flat buffer, a changed structure refused.
+        self.structure.check(model)
+        self.master.sync(list(self.master.master_params))
+        self.iteration += 1
+        timeline = self.timeline
+        start = timeline.now() if timeline is not None else None
+        try:
+            self.accumulator.start_iteration(self.iteration, [1.0])
+            if loss is None:
+                self._hand_over_all()
+            else:
+                self._backward(loss)
+            self.accumulator.wait()
+        except BaseException as error:
+            self.failures.fail(error, 'caller')
+            self.close()
+            raise
+        if self.failures.failed:
+            self.close()
+            raise self.failures.error
+        if timeline is not None:
+            timeline.end_iteration(self.iteration, start, timeline.now())
+
+    def _backward(self, loss):
+        plan = self.plan
+        clock = _BackwardClock(self.timeline, self.iteration)
+
+        def hand_over(index):
+            chunk = worker_module.runtime_chunk(plan, index)
+            clock.chunk_done(chunk)
+            self._deliver(chunk)
+
+        chunks = readiness.ChunkReadiness(plan, hand_over)
+        chunks.start()
+        self.backward.backward(loss, chunks,
+                               loss_scale=self.optimizer._loss_scale)
+
+    def _hand_over_all(self):
+        """Every chunk, output side first, as the backward would have."""
+        for chunk in reversed(range(len(self.chunk_names))):
+            self._deliver(chunk)
+
+    def _deliver(self, chunk):
+        if self.failures.failed:
+            raise accumulator_module.Aborted()
+        ready = self.port.send_grads(self.chunk_names[chunk])
+        self.accumulator.deliver(0, chunk, ready)
+
+    def restored(self):
+        """After the optimizer's or the model's state was loaded: the flat
+        buffer takes the loaded arrays, the fused runs form anew."""
+        self.master.sync(list(self.master.master_params))
+        self.accumulator.forget_programs()
+
+    def close(self):
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self.accumulator.close()
+        self.allreducer.close()
+        self.master.release()
+
+
+def _refuse_device_arrays(model):
+    import numpy
+    for name, param in model.namedparams():
+        if param.array is None:
+            raise ValueError(
+                'parameter {} is not initialized at the first update(); '
+                'CGDP lays every parameter out in one flat buffer then: '
+                'run a forward that uses it (or give its link an input '
+                'size) first'.format(name))
+        if not isinstance(param.array, numpy.ndarray):
+            raise ValueError(
+                'parameter {} is a {} array: the multi-node optimizer '
+                'trains models in host memory (\'@numpy\') for now; for '
+                'GPUs use CGDPUpdater with devices=[...] or ChainerMN\'s '
+                'own create_multi_node_optimizer'.format(
+                    name, type(param.array).__module__.split('.')[0]))
+
+
+def _flat_master(model, plan):
+    """The model's parameters as views of one flat host buffer, laid out
+    in the plan's layer order, so that every chunk is one slice."""
+    params = dict(model.namedparams())
+    layout = buffers.FlatLayout.of_arrays(
+        {name: params[name].array for name in buffers.layer_order(plan)})
+    ordered = {name: params[name] for name in layout.names}
+    return buffers.FlatMaster(ordered, layout,
+                              buffers.host_buffer(layout.capacity))
+
+
+class _BackwardClock(object):
+    """Times the backward per chunk on the timeline (nothing without one)."""
+
+    def __init__(self, timeline, iteration):
+        self.timeline = timeline
+        self.iteration = iteration
+        self._last = time.perf_counter()
+
+    def chunk_done(self, chunk):
+        if self.timeline is None:
+            return
+        now = time.perf_counter()
+        origin = self.timeline.origin
+        self.timeline.record(self.iteration, 0, 'backward', chunk,
+                             self._last - origin, now - origin)
+        self._last = now
