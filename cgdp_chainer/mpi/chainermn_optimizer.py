@@ -4,7 +4,8 @@ CGDP runs an optimizer's update rules and hooks itself, on the host, chunk
 by chunk; it never calls the optimizer's ``update()``. So:
 
 * a ChainerMN multi-node optimizer
-  (``chainermn.create_multi_node_optimizer(optimizer, comm)``), whose
+  (``chainermn.create_multi_node_optimizer(optimizer, comm)``, or CGDP's
+  own ``cgdp_chainer.create_multi_node_optimizer``), whose
   ``update()`` averages the gradients over the ranks before the wrapped
   optimizer's update, becomes what it means: CGDP over ``comm``'s MPI
   communicator (as with ``mpi_comm=``), running the wrapped optimizer on
@@ -62,7 +63,8 @@ def host_optimizer_and_comm(optimizer, mpi_comm):
             ``mpi_comm`` is not the multi-node optimizer's communicator.
     """
     comm = None if mpi_comm is None else as_mpi_comm(mpi_comm)
-    if _is_multi_node_optimizer(optimizer):
+    if _is_multi_node_optimizer(optimizer) or \
+            _is_cgdp_multi_node_optimizer(optimizer):
         comm = _joined_comm(comm, as_mpi_comm(optimizer.communicator))
         optimizer = optimizer.actual_optimizer
     refuse_bypassed_update(optimizer, 'CGDPUpdater')
@@ -92,6 +94,14 @@ def _is_multi_node_optimizer(optimizer):
             'create_multi_node_optimizer(optimizer, comm) without '
             'double_buffering')
     return isinstance(optimizer, multi_node)
+
+
+def _is_cgdp_multi_node_optimizer(optimizer):
+    """CGDP's own optimizer form, given to the updater: the updater runs
+    its actual optimizer over its communicator, as for ChainerMN's."""
+    module = sys.modules.get('cgdp_chainer.runtime.multi_node_optimizer')
+    return module is not None and isinstance(optimizer,
+                                             module.MultiNodeOptimizer)
 
 
 def _joined_comm(given, wrapped):

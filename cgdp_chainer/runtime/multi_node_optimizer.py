@@ -45,6 +45,9 @@ from cgdp_chainer.runtime import worker as worker_module
 # or profile whole iterations, which only the updater drives).
 _NO_POLICIES = ()
 
+# Before the model is known, layer counts are checked for their type only.
+_ANY_LAYER_COUNT = 1 << 30
+
 
 def create_multi_node_optimizer(actual_optimizer, communicator,
                                 double_buffering=False, zero_fill=True,
@@ -93,7 +96,7 @@ def create_multi_node_optimizer(actual_optimizer, communicator,
             'double_buffering=True: ChainerMN\'s double buffering updates '
             'with the previous iteration\'s gradients, which CGDP does not '
             'reproduce; CGDP already overlaps each chunk\'s all-reduce and '
-            'update with the backward. Leave double_buffering out')
+            'update with the backward: leave double_buffering out')
     if not zero_fill:
         raise ValueError(
             'zero_fill=False: CGDP all-reduces each chunk as one buffer, so '
@@ -114,16 +117,20 @@ class _Options(object):
     """The CGDP options of a multi-node optimizer, checked when given."""
 
     def __init__(self, chunk_size, chunk_bytes, host_threads, timeline):
-        # Layer counts are checked against the model at the first update;
-        # everything else now, before any work.
-        chunking.parse_chunking(chunk_size, chunk_bytes, 1 << 30,
-                                _NO_POLICIES)
         if callable(chunk_size) or isinstance(chunk_size, str):
             raise ValueError(
                 'chunk_size={!r}: the multi-node optimizer takes a layer '
                 'count, a list of boundaries or None (the \'auto\' search '
                 'and choosers need CGDPUpdater, which drives the '
                 'iterations)'.format(chunk_size))
+        if isinstance(chunk_size, int) and not isinstance(chunk_size, bool) \
+                and chunk_size < 1:
+            raise ValueError('chunk_size={} is out of range: give 1 or more '
+                             'layers per chunk'.format(chunk_size))
+        # The layer count is checked against the model at the first
+        # update; everything else now, before any work.
+        chunking.parse_chunking(chunk_size, chunk_bytes, _ANY_LAYER_COUNT,
+                                _NO_POLICIES)
         if host_threads is not None and (
                 isinstance(host_threads, bool) or
                 not isinstance(host_threads, int) or host_threads < 1):
@@ -183,6 +190,8 @@ class MultiNodeOptimizer(object):
             args, kwds: For ``lossfun``.
         """
         target = self.actual_optimizer.target
+        if self._rank is not None:
+            self._rank.check_model()  # before any work
         loss = None
         if lossfun is not None:
             loss = lossfun(*args, **kwds)
@@ -291,6 +300,13 @@ class _RankTraining(object):
         self._lock = threading.Lock()
         self._closed = False
 
+    def check_model(self):
+        """Anything may have run since the last update: a changed
+        structure is refused by name, a replaced array copied into the
+        flat buffer."""
+        self.structure.check(self.optimizer.target)
+        self.master.sync(list(self.master.master_params))
+
     def step(self, loss):
         """One update: hands the chunks over during the backward of
         ``loss`` (or, for None, all at once), waits for the host, raises
@@ -301,11 +317,6 @@ class _RankTraining(object):
                 'train on'.format('' if self.failures.error is None else
                                   ' after an error ({!r})'.format(
                                       self.failures.error)))
-        model = self.optimizer.target
-        # Anything may have run since the last update: a replaced array is
-        # copied into the flat buffer, a changed structure refused.
-        self.structure.check(model)
-        self.master.sync(list(self.master.master_params))
         self.iteration += 1
         timeline = self.timeline
         start = timeline.now() if timeline is not None else None

@@ -1,0 +1,141 @@
+"""What the multi-node optimizer overlaps, and what it refuses, on 2 ranks.
+
+Run: mpiexec -n 2 python tests/mpi_scripts/optimizer_overlap.py
+
+* ``optimizer.update(lossfun, ...)``: the output-side layer's new weights
+  are in the model before the backward reaches the input-side layer (a
+  function hook there waits, boundedly, for them): its chunk was handed
+  over, all-reduced and updated during the backward. The timeline has a
+  ``backward`` event per chunk.
+* ``loss.backward(); optimizer.update()``: nothing changes before
+  ``update()`` (Chainer sets the gradients at the end of the backward),
+  and the iteration has no ``backward`` events.
+* A parameter reshaped after the first update is refused by name; a model
+  whose parameters differ between the ranks is refused on every rank.
+"""
+import time
+
+import _common  # first: it imports cgdp_chainer, whose compat module
+from _common import cgdp_mpi  # NOQA: must run before Chainer is imported
+
+import chainer  # NOQA: E402
+import chainer.links as L  # NOQA: E402
+import numpy  # NOQA: E402
+
+import cgdp_chainer  # NOQA: E402
+
+N_LAYERS = 4
+WAIT_SECONDS = 20
+
+
+class WaitForOutputLayer(chainer.FunctionHook):
+    """Before the input-side layer's backward, waits until the output-side
+    layer's weights differ from ``before`` (at most WAIT_SECONDS) and
+    records whether they did."""
+
+    name = 'WaitForOutputLayer'
+
+    def __init__(self, model, before):
+        self.input_weight = model.predictor[0].W
+        self.output_weight = model.predictor[-1].W
+        self.before = before
+        self.seen_changed = None
+
+    def backward_preprocess(self, function, in_data, out_grad):
+        if not any(node is self.input_weight.node
+                   for node in function.inputs):
+            return
+        deadline = time.monotonic() + WAIT_SECONDS
+        while time.monotonic() < deadline:
+            if not numpy.array_equal(self.output_weight.array, self.before):
+                self.seen_changed = True
+                return
+            time.sleep(0.005)
+        self.seen_changed = False
+
+
+def make_model(seed=0):
+    random = numpy.random.RandomState(seed)
+    layers = [L.Linear(8, 8, initialW=random.normal(0, 0.3, (8, 8)).astype(
+        numpy.float32)) for _ in range(N_LAYERS)]
+    return L.Classifier(chainer.Sequential(*layers))
+
+
+def batch(rank, step):
+    random = numpy.random.RandomState(100 * rank + step)
+    return (random.randn(6, 8).astype(numpy.float32),
+            random.randint(0, 8, 6).astype(numpy.int32))
+
+
+def check_overlap(comm, lines):
+    model = make_model()
+    timeline = cgdp_chainer.Timeline()
+    optimizer = cgdp_chainer.create_multi_node_optimizer(
+        chainer.optimizers.SGD(0.1), comm, chunk_size=1, timeline=timeline)
+    optimizer.setup(model)
+    optimizer.update(model, *batch(comm.rank, 0))  # broadcasts, no step
+    before = model.predictor[-1].W.array.copy()
+    hook = WaitForOutputLayer(model, before)
+    with hook:
+        optimizer.update(model, *batch(comm.rank, 1))
+    assert hook.seen_changed is True, hook.seen_changed
+    backward = [e for e in timeline.events_of(1) if e.kind == 'backward']
+    assert sorted(e.chunk for e in backward) == list(range(N_LAYERS)), \
+        backward
+    lines.append('overlapped during optimizer.update(lossfun)')
+
+    before = {name: p.array.copy() for name, p in model.namedparams()}
+    model.cleargrads()
+    loss = model(*batch(comm.rank, 2))
+    loss.backward()
+    assert not _common.parameters_changed(model, before)
+    optimizer.update()
+    assert _common.parameters_changed(model, before)
+    assert not [e for e in timeline.events_of(2) if e.kind == 'backward']
+    lines.append('handed over at update() after a user backward')
+    return model, optimizer
+
+
+def check_structure_change(model, optimizer, lines):
+    layer = model.predictor[0]
+    original = layer.W.array
+    layer.W.array = numpy.zeros((8, 9), numpy.float32)
+    try:
+        optimizer.update(model, *batch(0, 3))
+    except ValueError as error:
+        assert 'predictor/0/W' in str(error), str(error)
+        lines.append('reshaped parameter refused')
+    else:
+        raise AssertionError('a reshaped parameter was not refused')
+    finally:
+        layer.W.array = original
+
+
+def check_differing_models(comm, lines):
+    model = make_model()
+    if comm.rank == 1:
+        model.predictor.append(L.Linear(8, 8))
+    optimizer = cgdp_chainer.create_multi_node_optimizer(
+        chainer.optimizers.SGD(0.1), comm).setup(model)
+    try:
+        optimizer.update(model, *batch(comm.rank, 0))
+    except ValueError as error:
+        assert 'ranks differ' in str(error), str(error)
+        lines.append('differing models refused')
+    else:
+        raise AssertionError('differing models were not refused')
+
+
+def main():
+    comm = _common.start_mpi()
+    lines = []
+    with cgdp_mpi.abort_on_exception(comm):
+        model, optimizer = check_overlap(comm, lines)
+        check_structure_change(model, optimizer, lines)
+        optimizer.close()
+        check_differing_models(comm, lines)
+    _common.report_ok(comm, 'optimizer-overlap', lines)
+
+
+if __name__ == '__main__':
+    main()

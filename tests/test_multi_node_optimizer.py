@@ -1,0 +1,121 @@
+"""cgdp_chainer.create_multi_node_optimizer: what it refuses before any
+work, and (under 2 MPI ranks) what it overlaps.
+
+The equivalence with ChainerMN's optimizer on ChainerMN-shaped scripts is
+in tests/test_any_loop.py.
+"""
+import chainer
+import chainer.links as L
+import numpy
+import pytest
+
+import cgdp_chainer
+from cgdp_chainer.runtime.accumulator import optimizer_hooks
+from test_mpi import assert_ok, mpiexec, run_mpi  # NOQA: F401 (fixture)
+
+
+def _optimizer(model=None):
+    optimizer = chainer.optimizers.SGD()
+    optimizer.setup(model or L.Linear(3, 2))
+    return optimizer
+
+
+# A communicator that is never reached: each refusal below comes first.
+UNREACHED = object()
+
+
+def test_double_buffering_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match='double_buffering') as error:
+        cgdp_chainer.create_multi_node_optimizer(
+            _optimizer(), UNREACHED, double_buffering=True)
+    assert 'leave double_buffering out' in str(error.value)
+
+
+def test_zero_fill_false_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match='zero_fill') as error:
+        cgdp_chainer.create_multi_node_optimizer(
+            _optimizer(), UNREACHED, zero_fill=False)
+    assert 'leave zero_fill out' in str(error.value)
+
+
+def test_an_actual_optimizer_that_is_not_a_gradient_method_is_refused():
+    class Wrapper(object):
+        def __init__(self, actual):
+            self.actual = actual
+
+        def update(self, *args, **kwds):
+            self.actual.update(*args, **kwds)
+
+    with pytest.raises(ValueError, match='Wrapper is not a '
+                       'chainer.GradientMethod') as error:
+        cgdp_chainer.create_multi_node_optimizer(
+            Wrapper(_optimizer()), UNREACHED)
+    assert 'chainermn.create_multi_node_optimizer' in str(error.value)
+
+
+@pytest.mark.parametrize('options, words', [
+    ({'chunk_size': 'auto'}, "the 'auto' search"),
+    ({'chunk_size': 0}, 'chunk_size=0 is out of range'),
+    ({'chunk_size': 2, 'chunk_bytes': 10}, 'not both'),
+    ({'chunk_bytes': -1}, 'chunk_bytes must be a positive integer'),
+    ({'host_threads': 0}, 'host_threads must be a positive integer'),
+    ({'timeline': 'trace.json'}, 'timeline must be a cgdp_chainer.Timeline'),
+])
+def test_bad_cgdp_options_are_refused_naming_them(options, words):
+    with pytest.raises(ValueError) as error:
+        cgdp_chainer.create_multi_node_optimizer(_optimizer(), UNREACHED,
+                                                 **options)
+    assert words in str(error.value)
+
+
+def test_a_communicator_of_another_type_is_refused():
+    with pytest.raises(ValueError, match='ChainerMN communicator or an '
+                       'mpi4py communicator'):
+        cgdp_chainer.create_multi_node_optimizer(_optimizer(), 'world')
+
+
+def test_attributes_pass_through_to_the_actual_optimizer():
+    actual = chainer.optimizers.MomentumSGD(lr=0.1)
+    model = L.Linear(3, 2)
+    optimizer = cgdp_chainer.create_multi_node_optimizer(
+        actual, _MpiShapedComm())
+    assert optimizer.setup(model) is optimizer
+    assert optimizer.target is model and actual.target is model
+    optimizer.lr = 0.05
+    assert actual.lr == 0.05
+    optimizer.add_hook(chainer.optimizer_hooks.WeightDecay(1e-4))
+    pre, _ = optimizer_hooks(actual)
+    assert [type(hook) for hook in pre] == [
+        chainer.optimizer_hooks.WeightDecay]
+    optimizer.new_epoch()
+    assert actual.epoch == 1
+    assert optimizer.chunk_plan is None  # formed at the first update
+
+
+class _MpiShapedComm(object):
+    """Stands for a communicator where none is used (nothing here
+    communicates before the first update)."""
+
+    def Get_size(self):
+        return 1
+
+
+@pytest.mark.mpi
+def test_chunks_leave_during_the_optimizers_backward_and_changes_are_refused(
+        mpiexec):
+    # The script: the output-side layer's new weights are in the model
+    # before the backward reaches the input-side layer; after a user's
+    # loss.backward() they move only in update(); a reshaped parameter and
+    # models that differ between ranks are refused.
+    assert_ok(run_mpi('optimizer_overlap.py', timeout=120),
+              'optimizer-overlap')
+
+
+def test_uninitialized_and_device_parameters_are_named():
+    from cgdp_chainer.runtime import multi_node_optimizer
+    lazy = L.Linear(None, 2)
+    with pytest.raises(ValueError, match='parameter /W is not initialized'):
+        multi_node_optimizer._refuse_device_arrays(lazy)
+    model = L.Linear(3, 2)
+    model.W.array = numpy.asfortranarray(model.W.array)  # still NumPy
+    multi_node_optimizer._refuse_device_arrays(model)  # taken
