@@ -116,11 +116,20 @@ class HostAccumulator(object):
         timeline (Timeline or None): Records reduce, update, h2d and d2h.
         allreducer (object or None): Sums chunks across MPI ranks (see
             :mod:`cgdp_chainer.mpi`) after the local reduction.
+        grad_buffer (numpy.ndarray or None): The flat buffer of the
+            master's gradients, where other processes share it (the ranks
+            of a node); default: a private one, which takes over the
+            gradients the parameters hold.
+        state (cgdp_chainer.runtime.buffers.FlatState or None): The fused
+            rules' state buffers, where shared; default: private ones.
+        block_threads (int or None): Threads that split one fused call
+            (default: the CPU count; fewer where ranks share the cores).
     """
 
     def __init__(self, optimizer, transfers, chunk_names, reduction,
                  failures, master, n_threads=None, timeline=None,
-                 allreducer=None):
+                 allreducer=None, grad_buffer=None, state=None,
+                 block_threads=None):
         self.optimizer = optimizer
         self.transfers = transfers
         self.reduction = reduction
@@ -138,17 +147,18 @@ class HostAccumulator(object):
         self._layout = master.layout
         # The master's own gradient arrays, never a device's slot, so that
         # what an update leaves in param.grad stays until the next one.
-        self._grad_buffer = buffers.host_buffer(self._layout.capacity)
-        self._grads = self._layout.views(self._grad_buffer)
-        for name, param in self.master_params.items():
-            grad = param.grad
-            if grad is not None and getattr(grad, 'shape', None) == \
-                    param.shape and type(grad) is numpy.ndarray:
-                self._grads[name][...] = grad
-            param.grad = self._grads[name]
+        if grad_buffer is None:
+            self._grad_buffer = buffers.host_buffer(self._layout.capacity)
+            self._grads = self._layout.views(self._grad_buffer)
+            self._take_grads()
+        else:
+            # Shared with other processes, which may be writing it: the
+            # gradients are taken chunk by chunk as they are reduced.
+            self._grad_buffer = grad_buffer
+            self._grads = self._layout.views(self._grad_buffer)
         self._slot_views = [self._layout.views(t.slot_buffer)
                             for t in transfers]
-        self._state = buffers.FlatState(self._layout)
+        self._state = state or buffers.FlatState(self._layout)
         self._programs = {}
         self._chunk_names = chunk_names
         self._whole_gradient = bool(needs_whole_gradient(optimizer))
@@ -173,7 +183,7 @@ class HostAccumulator(object):
             n_threads, thread_name_prefix='cgdp-host')
         # The whole-gradient hooks run in optimizer.update(): nothing fuses.
         self._host_update = None if self._whole_gradient else \
-            host_update_module.make_host_update(optimizer)
+            host_update_module.make_host_update(optimizer, block_threads)
         self._lock = threading.Condition()
         self._delivered = None
         self._ready_events = None
@@ -183,6 +193,16 @@ class HostAccumulator(object):
         self._sequence_base = 0
         self._sequence_next = 0
         self._stopping = threading.Event()
+
+    def _take_grads(self):
+        """Makes every ``param.grad`` the accumulator's view, keeping the
+        values a gradient already held."""
+        for name, param in self.master_params.items():
+            grad = param.grad
+            if grad is not None and getattr(grad, 'shape', None) == \
+                    param.shape and type(grad) is numpy.ndarray:
+                self._grads[name][...] = grad
+            param.grad = self._grads[name]
 
     @property
     def chunk_names(self):

@@ -214,14 +214,29 @@ class FlatMaster(object):
             or private) of at least ``layout.capacity`` bytes.
     """
 
-    def __init__(self, master_params, layout, buffer):
+    def __init__(self, master_params, layout, buffer, write=True):
         if buffer.size < layout.capacity:
             raise ValueError('the flat buffer holds {} bytes; the layout '
                              'needs {}'.format(buffer.size, layout.capacity))
         self.master_params = master_params
         self.buffer = buffer
-        self._place(layout, {name: param.array
-                             for name, param in master_params.items()})
+        if write:
+            self._place(layout, {name: param.array
+                                 for name, param in master_params.items()})
+        else:
+            self._view(layout)
+
+    @classmethod
+    def attached(cls, master_params, layout, buffer):
+        """The parameters as views of a buffer that another process
+        filled (the ranks of one node share one): nothing is written."""
+        return cls(master_params, layout, buffer, write=False)
+
+    def _view(self, layout):
+        self.layout = layout
+        self.arrays = layout.views(self.buffer)
+        for name, param in self.master_params.items():
+            param.array = self.arrays[name]
 
     def _place(self, layout, values):
         self.layout = layout
@@ -268,25 +283,32 @@ class FlatState(object):
 
     Args:
         layout (FlatLayout): The parameters' layout.
+        allocate (callable or None): ``allocate(key)`` returns the flat
+            buffer of a state key (shared memory, say); default: a private
+            :func:`host_buffer`.
     """
 
-    def __init__(self, layout):
+    def __init__(self, layout, allocate=None):
         self.layout = layout
+        self._allocate = allocate or (
+            lambda key: host_buffer(self.layout.capacity))
         self._buffers = {}
         self._views = {}
         # Per state key, the names whose rule's state holds the view.
         self._bound = {}
         self._lock = threading.Lock()
 
-    def bind(self, name, rule, keys):
+    def bind(self, name, rule, keys, copy=True):
         """Makes ``rule.state[key]`` a view of the flat buffer of ``key``
-        for each of ``keys`` (copying the values in where it is not)."""
+        for each of ``keys`` (copying the values in where it is not, unless
+        ``copy`` is False: another process wrote them)."""
         state = rule.state
         for key in keys:
             views = self._views_of(key)
             view = views[name]
             if state[key] is not view:
-                view[...] = state[key]
+                if copy:
+                    view[...] = state[key]
                 state[key] = view
             self._bound[key][name] = rule
 
@@ -295,11 +317,23 @@ class FlatState(object):
         with self._lock:
             views = self._views.get(key)
             if views is None:
-                self._buffers[key] = host_buffer(self.layout.capacity)
+                self._buffers[key] = self._allocate(key)
                 views = self._views[key] = self.layout.views(
                     self._buffers[key])
                 self._bound[key] = {}
             return views
+
+    def release(self):
+        """Gives every bound rule private copies of its state arrays
+        again (before the buffers are freed: the optimizer keeps its
+        state)."""
+        for key, bound in self._bound.items():
+            views = self._views[key]
+            for name, rule in bound.items():
+                state = rule.state
+                if state is not None and state.get(key) is views[name]:
+                    state[key] = state[key].copy()
+        self._buffers, self._views, self._bound = {}, {}, {}
 
     def typed(self, key, run):
         """The flat buffer of ``key`` over ``run``."""

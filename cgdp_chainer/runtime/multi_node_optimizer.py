@@ -27,15 +27,19 @@ The arithmetic is ChainerMN's: the gradient is the mean over the ranks
 and hooks run on it, and the first ``update()`` broadcasts rank 0's weights
 and takes no step.
 """
+import atexit
 import threading
 import time
 
 import chainer
 
+from cgdp_chainer import blas
 from cgdp_chainer.runtime import accumulator as accumulator_module
 from cgdp_chainer.runtime import buffers
 from cgdp_chainer.runtime import chunking
+from cgdp_chainer.runtime import host_update as host_update_module
 from cgdp_chainer.runtime import master as master_module
+from cgdp_chainer.runtime import node_host
 from cgdp_chainer.runtime import readiness
 from cgdp_chainer.runtime import transfer as transfer_module
 from cgdp_chainer.runtime import worker as worker_module
@@ -52,7 +56,8 @@ _ANY_LAYER_COUNT = 1 << 30
 def create_multi_node_optimizer(actual_optimizer, communicator,
                                 double_buffering=False, zero_fill=True,
                                 chunk_size=None, chunk_bytes=None,
-                                host_threads=None, timeline=None):
+                                host_threads=None, timeline=None,
+                                node_host=True):
     """CGDP's multi-node optimizer: ChainerMN's call, one process per device.
 
     A ChainerMN script switches by the module of this one call
@@ -83,6 +88,10 @@ def create_multi_node_optimizer(actual_optimizer, communicator,
         timeline (cgdp_chainer.Timeline or None): Records every update's
             events (host work per chunk; the backward per chunk where the
             optimizer runs it).
+        node_host (bool): Whether the ranks of one machine share one host
+            (one master, its state and the gradient slots in shared memory,
+            each rank updating its part of every chunk) where the optimizer
+            allows it; False: every rank keeps a host of its own.
 
     Returns:
         MultiNodeOptimizer: Use it as the actual optimizer.
@@ -104,7 +113,8 @@ def create_multi_node_optimizer(actual_optimizer, communicator,
             'there (ChainerMN\'s zero_fill=True); leave zero_fill out')
     mpi.refuse_bypassed_update(actual_optimizer,
                                'create_multi_node_optimizer')
-    options = _Options(chunk_size, chunk_bytes, host_threads, timeline)
+    options = _Options(chunk_size, chunk_bytes, host_threads, timeline,
+                       node_host)
     comm = mpi.as_mpi_comm(communicator)
     if not hasattr(comm, 'Get_size'):
         raise ValueError(
@@ -116,7 +126,8 @@ def create_multi_node_optimizer(actual_optimizer, communicator,
 class _Options(object):
     """The CGDP options of a multi-node optimizer, checked when given."""
 
-    def __init__(self, chunk_size, chunk_bytes, host_threads, timeline):
+    def __init__(self, chunk_size, chunk_bytes, host_threads, timeline,
+                 node_host=True):
         if callable(chunk_size) or isinstance(chunk_size, str):
             raise ValueError(
                 'chunk_size={!r}: the multi-node optimizer takes a layer '
@@ -146,6 +157,7 @@ class _Options(object):
         self.chunk_bytes = chunk_bytes
         self.host_threads = host_threads
         self.timeline = timeline
+        self.node_host = bool(node_host)
 
 
 class MultiNodeOptimizer(object):
@@ -258,7 +270,10 @@ class _RankTraining(object):
     flat master buffer that the host updates in place, so the weights a
     chunk's update writes are the ones the next forward reads, with no
     copy; each chunk's gradients are gathered into a slot buffer laid out
-    alike, reduced there and summed over the ranks.
+    alike. Where several ranks share a machine, they share one master, its
+    state and the slots, and split each chunk's host work
+    (:mod:`~cgdp_chainer.runtime.node_host`); otherwise every rank reduces
+    and updates the whole chunk after its all-reduce.
 
     Args:
         optimizer (chainer.GradientMethod): The actual optimizer, set up on
@@ -274,31 +289,79 @@ class _RankTraining(object):
         _refuse_device_arrays(model)
         self.optimizer = optimizer
         self.timeline = options.timeline
-        mpi.check_consistency(communicator, model, optimizer)
+        comm = mpi.as_mpi_comm(communicator)
+        mpi.check_consistency(comm, model, optimizer)
         n_layers = readiness.count_layers(model)
         spec = chunking.parse_chunking(
             options.chunk_size, options.chunk_bytes, n_layers, _NO_POLICIES)
-        self.allreducer = mpi.ChunkAllreducer(communicator)
+        self.allreducer = mpi.ChunkAllreducer(comm)
         self.plan = chunking.plan_from(spec, order, model.namedparams(),
                                        n_layers)
         chunking.check_same_on_every_rank(self.plan, self.allreducer)
         self.chunk_names = worker_module.runtime_chunk_names(self.plan)
-        self.master = _flat_master(model, self.plan)
-        # ChainerMN's first update: every rank starts from rank 0's weights
-        # (written into the flat buffer the model now reads).
-        mpi.broadcast_parameters(communicator, model)
+        # ChainerMN's first update: every rank starts from rank 0's weights.
+        mpi.broadcast_parameters(comm, model)
         self.failures = accumulator_module.FailureBox()
-        self.port = transfer_module.HostResidentTransfer(
-            self.master, dict(model.namedparams()))
-        self.accumulator = accumulator_module.HostAccumulator(
-            optimizer, [self.port], self.chunk_names, 'mean', self.failures,
-            self.master, n_threads=options.host_threads,
-            timeline=self.timeline, allreducer=self.allreducer)
+        group = _shared_node(comm, optimizer, options, self.allreducer)
+        self.node = group
+        if group is None:
+            self._build_own_host(options)
+        else:
+            self._build_node_host(group, options)
         self.structure = master_module.MasterStructure(model)
         self.backward = readiness.ReadinessBackward(model.namedparams())
         self.iteration = 0
         self._lock = threading.Lock()
         self._closed = False
+        # Before mpi4py finalizes MPI (atexit runs the last registered
+        # first): the threads end, the node's memory is unmapped cleanly.
+        atexit.register(self.close)
+
+    def _build_own_host(self, options):
+        """A host of this rank's own: the whole of every chunk, after its
+        sum over the ranks."""
+        model = self.optimizer.target
+        self.master = _flat_master(model, self.plan)
+        self.port = transfer_module.HostResidentTransfer(
+            self.master, dict(model.namedparams()))
+        self.accumulator = accumulator_module.HostAccumulator(
+            self.optimizer, [self.port], self.chunk_names, 'mean',
+            self.failures, self.master, n_threads=options.host_threads,
+            timeline=self.timeline, allreducer=self.allreducer)
+
+    def _build_node_host(self, group, options):
+        """This rank's part of the node's shared host (collective over the
+        node's ranks, and over every rank where there are several nodes)."""
+        model = self.optimizer.target
+        params = dict(model.namedparams())
+        layout = _plan_layout(model, self.plan)
+        memory = node_host.NodeMemory(
+            group, layout, node_host.state_keys(self.optimizer),
+            len(self.chunk_names))
+        ordered = {name: params[name] for name in layout.names}
+        first = group.local_rank == 0
+        if first:
+            self.master = buffers.FlatMaster(ordered, layout, memory.master)
+        _bind_state(self.optimizer, memory.state, layout, write=first)
+        memory.attached_everywhere()
+        if not first:
+            self.master = buffers.FlatMaster.attached(ordered, layout,
+                                                      memory.master)
+        self.port = transfer_module.HostResidentTransfer(
+            self.master, params, slot_buffer=memory.slots[group.local_rank])
+        # The start-up's all-reducer is done; across nodes, each rank sums
+        # its own part with the ranks of its local rank elsewhere.
+        self.allreducer.close()
+        self.allreducer = None
+        if group.n_nodes > 1:
+            from cgdp_chainer import mpi
+            self.allreducer = mpi.ChunkAllreducer(group.cross)
+        threads = options.host_threads or max(
+            1, min(4, blas.cpu_cores() // group.local_size))
+        self.accumulator = node_host.NodeAccumulator(
+            self.optimizer, self.port, self.chunk_names, self.failures,
+            self.master, memory, allreducer=self.allreducer,
+            n_threads=threads, timeline=self.timeline)
 
     def check_model(self):
         """Anything may have run since the last update: a changed
@@ -374,8 +437,16 @@ class _RankTraining(object):
                 return
             self._closed = True
         self.accumulator.close()
-        self.allreducer.close()
+        if self.allreducer is not None:
+            self.allreducer.close()
+        # The model keeps its trained weights and gradients, the optimizer
+        # its state, in private arrays.
         self.master.release()
+        self.port.close()
+        self.port.slot_buffer = None
+        if self.node is not None:
+            self.accumulator.release_memory()
+            self.node.free()
 
 
 def _refuse_device_arrays(model):
@@ -396,15 +467,58 @@ def _refuse_device_arrays(model):
                     name, type(param.array).__module__.split('.')[0]))
 
 
+def _plan_layout(model, plan):
+    """The flat layout of the model's parameters in the plan's layer order,
+    so that every chunk is one slice."""
+    params = dict(model.namedparams())
+    return buffers.FlatLayout.of_arrays(
+        {name: params[name].array for name in buffers.layer_order(plan)})
+
+
 def _flat_master(model, plan):
     """The model's parameters as views of one flat host buffer, laid out
-    in the plan's layer order, so that every chunk is one slice."""
+    by :func:`_plan_layout`."""
     params = dict(model.namedparams())
-    layout = buffers.FlatLayout.of_arrays(
-        {name: params[name].array for name in buffers.layer_order(plan)})
+    layout = _plan_layout(model, plan)
     ordered = {name: params[name] for name in layout.names}
     return buffers.FlatMaster(ordered, layout,
                               buffers.host_buffer(layout.capacity))
+
+
+def _shared_node(comm, optimizer, options, allreducer):
+    """The :class:`~cgdp_chainer.runtime.node_host.NodeGroup` whose ranks
+    share one host, or None where each rank keeps its own (one rank per
+    machine, ``node_host=False``, or an optimizer the split cannot run;
+    every rank decides alike). Collective."""
+    if not options.node_host:
+        return None
+    group = node_host.NodeGroup(comm)
+    refusal = None
+    if group.local_size < 2 or not group.uniform:
+        refusal = 'one rank per machine' if group.local_size < 2 else \
+            'machines run different numbers of ranks'
+    else:
+        node_host.prepare_rule_states(optimizer)
+        refusal = node_host.node_host_refusal(optimizer)
+    if allreducer.allreduce_int(0 if refusal else 1, op='min'):
+        return group
+    group.free()
+    if refusal is not None and group.local_size > 1 and \
+            allreducer.rank == 0:
+        print('CGDP multi-node optimizer: every rank keeps a host of its '
+              'own ({})'.format(refusal), flush=True)
+    return None
+
+
+def _bind_state(optimizer, state, layout, write):
+    """Makes every fused rule's state arrays views of the node's shared
+    state buffers; ``write``: this rank writes their values (local rank 0;
+    the others read them)."""
+    fused_rule = host_update_module.fused_rule_for(optimizer)
+    params = dict(optimizer.target.namedparams())
+    for name in layout.names:
+        rule = params[name].update_rule
+        state.bind(name, rule, fused_rule.state_keys_of(rule), copy=write)
 
 
 class _BackwardClock(object):

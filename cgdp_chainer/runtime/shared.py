@@ -82,11 +82,36 @@ class SharedArena(object):
         segment = shared_memory.SharedMemory(create=True, size=size)
         layout = ArenaLayout(segment.name, size, entries)
 
+        unlinked = []
+
+        def unlink():
+            if not unlinked:
+                unlinked.append(True)
+                segment.unlink()
+
         def close():
             # Unlinking first: closing fails while an array still maps it.
-            segment.unlink()
-            segment.close()
-        return cls(layout, segment.buf, close)
+            unlink()
+            try:
+                segment.close()
+            except BufferError:
+                # Arrays of it are still referenced (by user code, say):
+                # the mapping goes with the last of them. Dropping the
+                # handle keeps SharedMemory's finalizer from trying again,
+                # with an error, at exit.
+                segment._mmap = None
+                raise
+        arena = cls(layout, segment.buf, close)
+        arena._unlink = unlink
+        return arena
+
+    def unlink_name(self):
+        """Removes the segment's name (in its creator; the mappings stay
+        until closed): once every process has attached, nothing is left in
+        ``/dev/shm``, even for a process killed before it closes."""
+        unlink = getattr(self, '_unlink', None)
+        if unlink is not None:
+            unlink()
 
     @classmethod
     def attach(cls, layout):

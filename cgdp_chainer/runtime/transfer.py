@@ -39,15 +39,19 @@ class HostResidentTransfer(object):
         master (cgdp_chainer.runtime.buffers.FlatMaster): The master's
             parameters as views of their flat buffer.
         replica_params (dict): Parameter path -> the replica's parameter.
+        slot_buffer (numpy.ndarray or None): The flat slot buffer, where
+            it is shared (a rank's slot in its node's host); default: a
+            private one.
     """
 
     is_gpu = False
 
-    def __init__(self, master, replica_params):
+    def __init__(self, master, replica_params, slot_buffer=None):
         self.master = master
         self.replica_params = replica_params
         self.layout = master.layout
-        self.slot_buffer = buffers.host_buffer(self.layout.capacity)
+        self.slot_buffer = slot_buffer if slot_buffer is not None else \
+            buffers.host_buffer(self.layout.capacity)
         self.slots = self.layout.views(self.slot_buffer)
         self.publish(None, list(replica_params))
 

@@ -1,0 +1,373 @@
+"""One host per node: the ranks of a machine share one master and split
+its work.
+
+Under the multi-node optimizer each rank is a process of its own. Where
+several ranks run on one machine, they share, in one shared-memory segment
+(:class:`NodeMemory`):
+
+* the master's flat buffer, which every rank's model reads as its
+  parameters (host models: the weights a chunk's update writes are the
+  ones every rank's next forward reads, with no copy);
+* the fused optimizer state and the reduced gradients, so that every
+  rank's ``update_rule.state`` and ``param.grad`` are the node's (a
+  snapshot taken on any rank holds the whole state);
+* one gradient slot per rank, and two flags per chunk and rank: delivered
+  (the rank's slot holds the chunk's gradients of this iteration) and
+  published (the rank's part of the chunk is updated).
+
+Each chunk's work is split by elements: rank ``l`` of ``L`` on the node
+reduces the ``l``-th part of every fused run of the chunk over the ``L``
+slots, sums that part across the nodes (with the ranks of the same local
+rank elsewhere, so the links between nodes carry all parts at once) and
+updates it. So the node's cores all work on the host update, and no byte
+is reduced or updated twice on a node. A rank waits for the other local
+ranks' delivered flags of a chunk before it reduces it, and, at the end of
+``update()``, for every published flag, so that its next forward reads
+the new weights everywhere.
+
+The split needs every parameter to be updated by a fused rule (SGD,
+MomentumSGD, NesterovAG, Adam and its variants, with element-wise hooks):
+an update rule of Chainer's own keeps its state in the process and updates
+whole arrays. Where a model or an optimizer needs one, or a hook needs the
+whole gradient, or loss scaling is dynamic, each rank keeps a host of its
+own instead (:func:`node_host_refusal` says why).
+"""
+import os
+import time
+
+import numpy
+
+from cgdp_chainer.runtime import accumulator as accumulator_module
+from cgdp_chainer.runtime import buffers
+from cgdp_chainer.runtime import host_update as host_update_module
+from cgdp_chainer.runtime import shared
+from cgdp_chainer.runtime.reduction import reduce_sum
+
+# Flag rows of NodeMemory.flags.
+DELIVERED, PUBLISHED = 0, 1
+
+# Seconds between two looks at the other ranks' flags. A chunk's host work
+# takes far longer; the wait at the end of update() pays one interval.
+POLL_SECONDS = 5e-5
+
+# Elements of a part start on a cache line: two ranks never write one.
+_PART_ALIGN_BYTES = 64
+
+
+class NodeGroup(object):
+    """This rank's place on its node, and the communicators of the split.
+
+    Collective over ``comm``.
+
+    Args:
+        comm (mpi4py.MPI.Comm): Every rank.
+
+    Attributes:
+        local (mpi4py.MPI.Comm): The ranks of this machine.
+        cross (mpi4py.MPI.Comm): The ranks of the same local rank on every
+            machine (this rank's part of each chunk is summed over them).
+        local_rank, local_size, world_size, n_nodes (int): As named.
+        uniform (bool): Whether every machine runs as many ranks (the
+            split needs it), the same on every rank.
+    """
+
+    def __init__(self, comm):
+        from mpi4py import MPI
+        rank = comm.Get_rank()
+        self.local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        self.local_rank = self.local.Get_rank()
+        self.local_size = self.local.Get_size()
+        self.cross = comm.Split(color=self.local_rank, key=rank)
+        self.world_size = comm.Get_size()
+        self.n_nodes = self.cross.Get_size()
+        self.uniform = comm.allreduce(self.local_size, op=MPI.MIN) == \
+            comm.allreduce(self.local_size, op=MPI.MAX)
+
+    def free(self):
+        for comm in (self.local, self.cross):
+            comm.Free()
+
+
+def prepare_rule_states(optimizer):
+    """Creates every update rule's state as its first update would (zeros
+    of the parameter's shape), so that the fused rule takes every parameter
+    from the first step on and the state can live in shared memory."""
+    for param in optimizer.target.params():
+        rule = param.update_rule
+        if rule is not None and rule.state is None:
+            rule._init_states(param)  # what Chainer's first update runs
+
+
+def node_host_refusal(optimizer, check_params=True):
+    """Why the ranks of a node cannot share one host for ``optimizer``, or
+    None where they can.
+
+    Args:
+        optimizer (chainer.GradientMethod): Set up on the model, with every
+            rule's state created (:func:`prepare_rule_states`).
+        check_params (bool): Whether to look at every parameter's rule too
+            (else only at the optimizer, its hooks and its loss scaling).
+    """
+    if accumulator_module.needs_whole_gradient(optimizer):
+        return 'a hook needs the whole gradient'
+    if getattr(optimizer, '_loss_scaling_is_dynamic', False):
+        return 'loss scaling is dynamic'
+    fused_rule = host_update_module.fused_rule_for(optimizer)
+    if fused_rule is None:
+        return '{} has no fused host rule'.format(type(optimizer).__name__)
+    if os.environ.get(host_update_module.BACKEND_VARIABLE) == 'off':
+        return 'fused host updates are off ({}=off)'.format(
+            host_update_module.BACKEND_VARIABLE)
+    pre, post = accumulator_module.optimizer_hooks(optimizer)
+    if host_update_module.hook_program(pre, post) is None:
+        return 'a hook has no fused form'
+    if not check_params:
+        return None
+    for name, param in sorted(optimizer.target.namedparams()):
+        if not fused_rule.fuses(param):
+            return 'parameter {} is not updated by a fused rule'.format(name)
+    return None
+
+
+def state_keys(optimizer):
+    """The fused rule's state keys over every parameter, in a fixed order
+    (Adam's ``'vhat'`` only with ``amsgrad``)."""
+    fused_rule = host_update_module.fused_rule_for(optimizer)
+    keys = set()
+    for param in optimizer.target.params():
+        keys.update(fused_rule.state_keys_of(param.update_rule))
+    return sorted(keys)
+
+
+class NodeMemory(object):
+    """The node's shared buffers, created by local rank 0 and attached by
+    the others. Collective over the node's ranks.
+
+    Args:
+        group (NodeGroup): This rank's node.
+        layout (FlatLayout): The master's flat layout.
+        state_keys (sequence of str): The fused rule's state keys.
+        n_chunks (int): Chunks of the plan (for the flags).
+    """
+
+    def __init__(self, group, layout, state_keys, n_chunks):
+        self.group = group
+        size = (layout.capacity,)
+        specs = [('master', size, numpy.uint8), ('grads', size, numpy.uint8)]
+        specs += [('slot{}'.format(i), size, numpy.uint8)
+                  for i in range(group.local_size)]
+        specs += [('state/' + key, size, numpy.uint8) for key in state_keys]
+        specs += [('flags', (2, n_chunks, group.local_size), numpy.int64),
+                  ('failed', (1,), numpy.int64)]
+        if group.local_rank == 0:
+            self.arena = shared.SharedArena.create(specs, prefix='cgdp-node')
+            group.local.bcast(self.arena.layout, root=0)
+        else:
+            self.arena = shared.SharedArena.attach(
+                group.local.bcast(None, root=0))
+        arrays = self.arena.arrays
+        self.master = arrays['master']
+        self.grads = arrays['grads']
+        self.slots = [arrays['slot{}'.format(i)]
+                      for i in range(group.local_size)]
+        self.flags = arrays['flags']
+        self.failed = arrays['failed']
+        self.state = buffers.FlatState(
+            layout, lambda key: arrays['state/' + key])
+
+    def attached_everywhere(self):
+        """After every local rank attached (a barrier): the segment's name
+        goes, so that nothing is left in ``/dev/shm`` however the ranks
+        end."""
+        self.group.local.Barrier()
+        if self.group.local_rank == 0:
+            self.arena.unlink_name()
+
+    def mark_failed(self):
+        self.failed[0] = 1
+
+    def close(self):
+        """Unmaps the segment; every view of it must be gone by then (the
+        optimizer's state is released here)."""
+        self.state.release()
+        self.master = self.grads = self.flags = self.failed = None
+        self.slots = []
+        self.arena.close()
+
+
+class NodeAccumulator(accumulator_module.HostAccumulator):
+    """The host accumulator's work on one rank of a shared node host: this
+    rank's part of every chunk (see the module).
+
+    Args:
+        optimizer (chainer.GradientMethod): Set up on this rank's model,
+            whose parameters are views of ``memory.master``.
+        port (HostResidentTransfer): This rank's hand-over, whose slot
+            buffer is its slot in ``memory``.
+        chunk_names (list of list of str): As for ``HostAccumulator``.
+        failures (FailureBox): This rank's.
+        master (FlatMaster): The model's parameters on ``memory.master``.
+        memory (NodeMemory): The node's shared buffers.
+        allreducer (ChunkAllreducer or None): Over ``group.cross`` where
+            there are several nodes.
+        n_threads (int or None): Host threads of this rank.
+        timeline (Timeline or None): As for ``HostAccumulator``.
+    """
+
+    def __init__(self, optimizer, port, chunk_names, failures, master,
+                 memory, allreducer=None, n_threads=None, timeline=None):
+        super(NodeAccumulator, self).__init__(
+            optimizer, [port], chunk_names, 'mean', failures, master,
+            n_threads=n_threads, timeline=timeline, allreducer=allreducer,
+            grad_buffer=memory.grads, state=memory.state,
+            block_threads=n_threads)
+        group = memory.group
+        self.memory = memory
+        self._local_rank = group.local_rank
+        self._scale = 1.0 / group.world_size
+        self._iteration_flag = 0
+        self._parts = {}
+
+    def start_iteration(self, iteration, shares, write_grads=True,
+                        revalidate=True):
+        refusal = node_host_refusal(self.optimizer, check_params=False)
+        if refusal is not None:
+            raise ValueError(
+                'the ranks of this node share one host, which needs every '
+                'parameter updated by a fused rule, but now {}; build the '
+                'optimizer with node_host=False to give every rank a host '
+                'of its own'.format(refusal))
+        super(NodeAccumulator, self).start_iteration(
+            iteration, shares, write_grads=True, revalidate=revalidate)
+        self._iteration_flag += 1
+
+    def deliver(self, device_index, chunk, ready):
+        """This rank's slot holds the chunk: says so to the node, then
+        updates this rank's part of it once every local rank has."""
+        self.memory.flags[DELIVERED, chunk, self._local_rank] = \
+            self._iteration_flag
+        self._pool.submit(self._guarded, self._process_part, chunk)
+
+    def wait(self, poll_seconds=0.05):
+        """Blocks until this rank's parts are done and every local rank
+        has published every chunk (or something failed)."""
+        super(NodeAccumulator, self).wait(poll_seconds)
+        if self.failures.failed:
+            return
+        try:
+            for chunk in range(len(self.chunk_names)):
+                self._await_flags(PUBLISHED, chunk)
+        except BaseException as error:
+            self.failures.fail(error, 'wait for the node\'s other ranks')
+
+    def _guarded(self, task, *args):
+        super(NodeAccumulator, self)._guarded(task, *args)
+        if self.failures.failed:
+            self.memory.mark_failed()
+
+    def _await_flags(self, row, chunk):
+        flags = self.memory.flags[row, chunk]
+        target = self._iteration_flag
+        while (flags < target).any():
+            if self.memory.failed[0]:
+                raise RuntimeError(
+                    'another rank of this node stopped on an error while '
+                    'the node\'s host was updating chunk {}; its own error '
+                    'is on its output'.format(chunk))
+            if self._stopping.is_set():
+                raise accumulator_module.Aborted()
+            time.sleep(POLL_SECONDS)
+
+    def _process_part(self, chunk):
+        names = self.chunk_names[chunk]
+        with self._span('d2h', chunk):
+            self._await_flags(DELIVERED, chunk)
+        program = self._program(chunk, names)
+        if program.unfused:
+            raise RuntimeError(
+                'parameters {} are no longer updated by a fused rule; the '
+                'node\'s shared host cannot update them (build the '
+                'optimizer with node_host=False)'.format(program.unfused))
+        self._own_grads(names)
+        with self._span('update', chunk):
+            self._update_part(chunk, program.runs)
+        self.memory.flags[PUBLISHED, chunk, self._local_rank] = \
+            self._iteration_flag
+        self._finish_one()
+
+    def _update_part(self, chunk, runs):
+        """Reduces, sums across the nodes and updates this rank's part of
+        every run of the chunk (one fused call per run)."""
+        fused_rule = self._host_update.fused_rule
+        slot_buffers = self.memory.slots
+        parts = []
+        for run, rules in runs:
+            scalars = fused_rule.advance_run(rules)  # every rank: rule.t
+            begin, end = self._part(run)
+            if begin == end:
+                continue
+            part = slice(begin, end)
+            state = tuple(self._state.typed(key, run)[part] for key in
+                          fused_rule.kernel_state_keys(rules[0]))
+            parts.append((buffers.typed(self.master.buffer, run)[part],
+                          [buffers.typed(s, run)[part] for s in slot_buffers],
+                          buffers.typed(self._grad_buffer, run)[part],
+                          state, scalars))
+        if not parts:
+            return
+        weights = [self._scale]
+        if self.allreducer is not None:
+            parts = self._sum_across_nodes(chunk, parts)
+            weights = [1.0]
+        self._host_update.update_runs(
+            [(p, slots, grads, state, scalars)
+             for p, slots, grads, state, scalars in parts],
+            weights, False, self._hook_program, True)
+        with self._lock:
+            self.fused_calls += len(parts)
+
+    def _sum_across_nodes(self, chunk, parts):
+        """The parts' mean over every rank: summed over this node's slots,
+        then over the nodes; the fused update then reads it."""
+        reduced = []
+        for _, slots, grads, _, _ in parts:
+            reduce_sum(grads, slots)
+            reduced.append(grads)
+        sequence = self._sequence_base + len(self.chunk_names) - 1 - chunk
+        with self._span('allreduce', chunk,
+                        thread=self.allreducer.thread_name):
+            self._wait_for(self.allreducer.start(reduced, sequence=sequence))
+        for grads in reduced:
+            grads *= grads.dtype.type(self._scale)
+        return [(p, [grads], grads, state, scalars)
+                for p, _, grads, state, scalars in parts]
+
+    def _part(self, run):
+        """This rank's elements ``[begin, end)`` of a run."""
+        bounds = self._parts.get(run)
+        if bounds is None:
+            n = (run.stop - run.start) // run.dtype.itemsize
+            align = max(1, _PART_ALIGN_BYTES // run.dtype.itemsize)
+            size = self.memory.group.local_size
+            cuts = [min(n, -(-n * i // size // align) * align)
+                    for i in range(size + 1)]
+            cuts[-1] = n
+            bounds = self._parts[run] = (cuts[self._local_rank],
+                                         cuts[self._local_rank + 1])
+        return bounds
+
+    def close(self):
+        """Stops the host threads and drops this rank's views of the
+        node's memory (the model's arrays and gradients are released by
+        the master first, see ``FlatMaster.release``)."""
+        super(NodeAccumulator, self).close()
+        self._grads = {}
+        self._grad_buffer = None
+        self._state = None
+
+    def release_memory(self):
+        """Unmaps the node's memory, after :meth:`close` and the
+        master's release."""
+        memory, self.memory = self.memory, None
+        if memory is not None:
+            memory.close()
