@@ -1,0 +1,123 @@
+"""Shared by the ChainerMN-shaped scripts that tests/test_any_loop.py runs.
+
+Each script is a Chainer 7.8.1 example cut down to a tiny model, with one
+line that differs between the runs it is compared across: the module whose
+``create_multi_node_optimizer`` wraps the actual optimizers, chosen by
+``--impl chainermn`` (``chainermn``) or ``--impl cgdp`` (``cgdp_chainer``).
+Everything else (the communicator, ChainerMN's naive one on the CPU; the
+data, scattered with ``chainermn.scatter_dataset``; the seeds) is the same.
+
+Each rank writes, atomically, into ``--out``:
+
+* ``rank<r>.npz``: every parameter of every model after training, as
+  ``<model>/<path>``; each parameter's ``grad`` after the last update as
+  ``grad/<model>/<path>`` (absent where it is None); each persistent value
+  (BatchNormalization statistics) as ``persistent/<model>/<path>``; and
+  whatever else the script names as ``state/...`` (an LSTM's state);
+* ``rank<r>.json``: ``{"rank", "values", "per_rank"}``: the values that the
+  script reported or logged, and the key prefixes of the npz that differ
+  between ranks by design (everything else must be bit-identical).
+"""
+import argparse
+import importlib
+import json
+import os
+
+import _common  # first: it imports cgdp_chainer before Chainer
+from _common import cgdp_mpi
+
+import chainermn  # NOQA: E402
+import numpy  # NOQA: E402
+
+from cgdp_chainer import files  # NOQA: E402
+
+# --impl -> the module whose create_multi_node_optimizer the script calls.
+MODULES = {'chainermn': 'chainermn', 'cgdp': 'cgdp_chainer'}
+
+# Per rank by design in every script: BatchNormalization's running
+# statistics (each rank normalizes its own batches) and recurrent state.
+PER_RANK = ('persistent/', 'state/')
+
+
+def parse_args(description, add_arguments=None, out=True):
+    """``--impl``, ``--out`` (unless ``out`` is False), and the script's
+    own arguments."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument('--impl', choices=sorted(MODULES), required=True,
+                        help='whose create_multi_node_optimizer to call')
+    if out:
+        parser.add_argument('--out', required=True,
+                            help='folder for rank<r>.npz and rank<r>.json')
+    if add_arguments is not None:
+        add_arguments(parser)
+    return parser.parse_args()
+
+
+def multi_node_optimizer_factory(impl):
+    """``chainermn.create_multi_node_optimizer`` or
+    ``cgdp_chainer.create_multi_node_optimizer``: the one switched call."""
+    return getattr(importlib.import_module(MODULES[impl]),
+                   'create_multi_node_optimizer')
+
+
+def start():
+    """MPI started (with the hang watchdog), and ChainerMN's naive
+    communicator over COMM_WORLD, as the examples create it on the CPU."""
+    _common.start_mpi()
+    return chainermn.create_communicator('naive')
+
+
+def abort_on_exception(comm):
+    return cgdp_mpi.abort_on_exception(comm)
+
+
+def model_arrays(name, model):
+    """The npz entries of one model: parameters, grads, persistents."""
+    arrays = {}
+    for path, param in sorted(model.namedparams()):
+        arrays['{}{}'.format(name, path)] = param.array
+        if param.grad is not None:
+            arrays['grad/{}{}'.format(name, path)] = param.grad
+    for path, link in sorted(model.namedlinks()):
+        for persistent in sorted(link._persistent):
+            arrays['persistent/{}{}/{}'.format(
+                name, path.rstrip('/'), persistent)] = numpy.asarray(
+                    getattr(link, persistent))
+    return arrays
+
+
+def write_results(comm, out, models, values, state=None, per_rank=()):
+    """Writes this rank's ``rank<r>.npz`` and ``rank<r>.json``.
+
+    Args:
+        comm: The ChainerMN communicator.
+        out (str): The folder (created if missing).
+        models (dict): name -> link.
+        values (dict): What the script reported or logged (JSON-able).
+        state (dict or None): Further arrays, saved as ``state/<key>``.
+        per_rank (tuple of str): Key prefixes besides :data:`PER_RANK` that
+            differ between ranks by design.
+    """
+    os.makedirs(out, exist_ok=True)
+    arrays = {}
+    for name, model in sorted(models.items()):
+        arrays.update(model_arrays(name, model))
+    for key, array in sorted((state or {}).items()):
+        arrays['state/' + key] = numpy.asarray(array)
+    stem = os.path.join(out, 'rank{}'.format(comm.rank))
+    with files.atomic_write(stem + '.npz', 'wb') as stream:
+        numpy.savez(stream, **arrays)
+    with files.atomic_write(stem + '.json') as stream:
+        json.dump({'rank': comm.rank, 'values': values,
+                   'per_rank': list(PER_RANK) + list(per_rank)},
+                  stream, indent=1, sort_keys=True)
+
+
+def as_float(value):
+    """A reported value (Variable, array or number) as a Python float."""
+    return float(getattr(value, 'array', value))
+
+
+def finish(comm, name):
+    """The line per rank that the test counts (see _common.report_ok)."""
+    _common.report_ok(comm.mpi_comm, name)

@@ -1,0 +1,153 @@
+"""A Trainer with a multi-node evaluator, a snapshot, and a resumed run.
+
+Run: mpiexec -n 2 python tests/mpi_scripts/anyloop_trainer_resume.py
+--impl chainermn|cgdp --out DIR [--resume SNAPSHOT]
+
+In the shape of Chainer v7.8.1's examples/chainermn/mnist/train_mnist.py,
+cut down to a tiny MLP on random data that rank 0 makes: the optimizer
+wrapped by ``create_multi_node_optimizer`` in a ``StandardUpdater``, the
+evaluator wrapped by ``chainermn.create_multi_node_evaluator``, LogReport
+on rank 0, a snapshot of the trainer at iteration ``--snapshot-at``, and
+the example's resume, ``chainer.serializers.load_npz(args.resume,
+trainer)``. Every rank writes a snapshot of its own
+(``snapshot_rank<r>_iter_<i>`` under ``DIR/trainer``), as its iterator
+walks its own shard; ``--resume`` names rank 0's, and each rank loads its
+own beside it.
+
+ChainerMN's first ``update()`` in a process broadcasts rank 0's weights and
+takes no step, in a resumed run as in a new one. The script spends that
+update before the trainer runs (``optimizer.update()`` with no loss), so
+that every iteration of either run is a step and the resumed run ends
+where the uninterrupted one does. The ranks build their models from
+different seeds; that broadcast makes them one.
+
+MomentumSGD (its state, the velocity, goes into the snapshot) instead of
+the example's Adam, which amplifies rounding noise.
+"""
+import os
+
+import _anyloop  # first: it imports cgdp_chainer before Chainer
+
+import chainer  # NOQA: E402
+import chainer.functions as F  # NOQA: E402
+import chainer.links as L  # NOQA: E402
+from chainer import training  # NOQA: E402
+from chainer.training import extensions  # NOQA: E402
+import chainermn  # NOQA: E402
+import numpy  # NOQA: E402
+
+import _common  # NOQA: E402
+
+N_FEATURES, N_UNITS, N_CLASSES = 6, 8, 3
+N_TRAIN, N_TEST = 32, 16
+BATCHSIZE = 4
+EVALUATE_EVERY = 2
+
+
+class MLP(chainer.Chain):
+
+    def __init__(self, n_units, n_out):
+        super(MLP, self).__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(N_FEATURES, n_units)
+            self.l2 = L.Linear(n_units, n_units)
+            self.l3 = L.Linear(n_units, n_out)
+
+    def forward(self, x):
+        h1 = F.relu(self.l1(x))
+        h2 = F.relu(self.l2(h1))
+        return self.l3(h2)
+
+
+def add_arguments(parser):
+    parser.add_argument('--iterations', type=int, default=6)
+    parser.add_argument('--snapshot-at', type=int, default=3)
+    parser.add_argument('--resume', default='',
+                        help="rank 0's snapshot to resume from")
+
+
+def datasets(comm):
+    if comm.rank == 0:
+        train = _common.numbered_dataset(N_TRAIN, N_FEATURES, N_CLASSES, 1)
+        test = _common.numbered_dataset(N_TEST, N_FEATURES, N_CLASSES, 2)
+    else:
+        train, test = None, None
+    train = chainermn.scatter_dataset(train, comm, shuffle=True, seed=3)
+    test = chainermn.scatter_dataset(test, comm, shuffle=True, seed=4)
+    return train, test
+
+
+def build_trainer(comm, create_multi_node_optimizer, args, observed):
+    numpy.random.seed(comm.rank)  # the ranks start apart
+    model = L.Classifier(MLP(N_UNITS, N_CLASSES))
+    optimizer = create_multi_node_optimizer(
+        chainer.optimizers.MomentumSGD(lr=0.1, momentum=0.9), comm)
+    optimizer.setup(model)
+
+    train, test = datasets(comm)
+    # No shuffling beyond scatter_dataset's: a snapshot keeps the iterator's
+    # order and position, not a sampler's random state.
+    train_iter = chainer.iterators.SerialIterator(train, BATCHSIZE,
+                                                  shuffle=False)
+    test_iter = chainer.iterators.SerialIterator(test, BATCHSIZE,
+                                                 repeat=False, shuffle=False)
+
+    updater = training.StandardUpdater(train_iter, optimizer, device=-1)
+    trainer = training.Trainer(updater, (args.iterations, 'iteration'),
+                               out=os.path.join(args.out, 'trainer'))
+
+    evaluator = extensions.Evaluator(test_iter, model, device=-1)
+    evaluator = chainermn.create_multi_node_evaluator(evaluator, comm)
+    trainer.extend(evaluator, trigger=(EVALUATE_EVERY, 'iteration'))
+    trainer.extend(extensions.snapshot(
+        filename='snapshot_rank{}_iter_{{.updater.iteration}}'.format(
+            comm.rank)),
+        trigger=training.triggers.ManualScheduleTrigger(
+            [args.snapshot_at], 'iteration'))
+    trainer.extend(lambda trainer: observed.append({
+        key: _anyloop.as_float(value)
+        for key, value in sorted(trainer.observation.items())}),
+        name='record', trigger=(1, 'iteration'))
+    if comm.rank == 0:
+        trainer.extend(extensions.LogReport(trigger=(1, 'iteration')))
+    return model, optimizer, trainer
+
+
+def own_snapshot(rank_0_snapshot, comm):
+    """This rank's snapshot beside rank 0's."""
+    folder, name = os.path.split(rank_0_snapshot)
+    assert name.startswith('snapshot_rank0_'), rank_0_snapshot
+    return os.path.join(folder, name.replace(
+        'snapshot_rank0_', 'snapshot_rank{}_'.format(comm.rank), 1))
+
+
+def logged(trainer):
+    """Rank 0's LogReport entries, without the wall-clock times."""
+    if 'LogReport' not in trainer._extensions:
+        return None
+    return [{key: value for key, value in entry.items()
+             if key != 'elapsed_time'}
+            for entry in trainer.get_extension('LogReport').log]
+
+
+def main():
+    args = _anyloop.parse_args(__doc__.splitlines()[0], add_arguments)
+    comm = _anyloop.start()
+    with _anyloop.abort_on_exception(comm):
+        observed = []
+        model, optimizer, trainer = build_trainer(
+            comm, _anyloop.multi_node_optimizer_factory(args.impl), args,
+            observed)
+        if args.resume:
+            chainer.serializers.load_npz(own_snapshot(args.resume, comm),
+                                         trainer)
+        optimizer.update()  # ChainerMN's first update: the broadcast
+        trainer.run()
+        values = {'observed': observed, 'log': logged(trainer),
+                  'iteration': trainer.updater.iteration, 't': optimizer.t}
+        _anyloop.write_results(comm, args.out, {'model': model}, values)
+        _anyloop.finish(comm, 'anyloop-trainer-resume')
+
+
+if __name__ == '__main__':
+    main()
