@@ -37,9 +37,7 @@ from test_mpi import mpi_environment, mpiexec_command, process_tree, run_mpi
 from test_mpi import mpiexec, remove_segments_of_killed_jobs  # NOQA: F401
 
 # (reference, candidate): whose create_multi_node_optimizer each run calls.
-# Both 'chainermn' checks the harness (two runs of one script agree).
-# THE SWITCH: ('chainermn', 'cgdp') once cgdp_chainer's lands.
-IMPLS = ('chainermn', 'chainermn')
+IMPLS = ('chainermn', 'cgdp')
 REFERENCE, CANDIDATE = IMPLS
 
 RTOL, ATOL = 1e-5, 1e-6

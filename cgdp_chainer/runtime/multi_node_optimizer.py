@@ -291,6 +291,11 @@ class _RankTraining(object):
         self.timeline = options.timeline
         comm = mpi.as_mpi_comm(communicator)
         mpi.check_consistency(comm, model, optimizer)
+        # Every rank has passed MPI_Init and a collective, so every process
+        # of the node maps MPICH's segment: its name can go now, and a rank
+        # killed outright (no MPI_Finalize anywhere) leaves nothing behind.
+        from cgdp_chainer.mpi import shm
+        shm.unlink_mapped_segments()
         n_layers = readiness.count_layers(model)
         spec = chunking.parse_chunking(
             options.chunk_size, options.chunk_bytes, n_layers, _NO_POLICIES)
