@@ -2,7 +2,8 @@
 
     python -m benchmarks.runtime [--net resnet152] [--image-size 64]
         [--batch 4] [--iterations 5] [--warmup 2] [--rounds 2]
-        [--parts all | pairs,four,one,forms,startup,host,short,hostwork]
+        [--parts all | pairs,four,one,forms,startup,host,short,hostwork,
+                       ranks,shortranks]
 
 Prints ratios (machines here are shared and noisy, so only ratios from one
 run mean anything), each with its target or measured limit:
@@ -38,13 +39,25 @@ run mean anything), each with its target or measured limit:
   BatchNormalization statistics' hand-over (outside a Trainer's loop), the
   comparison of the persistent values, and the chunk signals (a round trip
   per chunk).
+- ``ranks``: one process per device, 2 ranks x 1 '@numpy' device under
+  ``mpiexec`` (the mpiexec next to this Python), each rank with one BLAS
+  thread and ``--batch`` examples, the same StandardUpdater script (see
+  :mod:`benchmarks.mpi_ranks`) with CGDP's
+  ``create_multi_node_optimizer`` and with ChainerMN's (naive
+  communicator), against the limit; an iteration of a job takes its
+  slowest rank's time. ``--net`` at ``--image-size`` (the defaults are the
+  1-second regime; ``--net`` also takes ``module:callable``).
+- ``shortranks``: ``ranks`` on the short regime's net at its image side.
 """
 import copy
 import collections
+import json
 import multiprocessing
 import os
 import pickle
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -70,13 +83,24 @@ from cgdp_chainer.runtime import transfer as transfer_module
 from cgdp_chainer.runtime import worker as worker_module
 
 PARTS = ('pairs', 'four', 'one', 'forms', 'startup', 'host', 'short',
-         'hostwork')
+         'hostwork', 'ranks', 'shortranks')
+# The parts that build their own nets (--net's is built only if used).
+OWN_NET_PARTS = {'short', 'hostwork', 'ranks', 'shortranks'}
 
 # The short-iteration regime's net and image side (see ``short``).
 SHORT_NET = 'models.examples:many_arrays'
 SHORT_IMAGE_SIZE = 8
 # How the short regime's updates are driven.
 DRIVES = ('plain', 'unattended', 'trainer')
+
+# The ``ranks`` parts: ranks of an MPI job (one '@numpy' device each), the
+# module each rank runs, the multi-node optimizers it times and the goals
+# of CGDP's optimizer against the limit (the 1-second regime, the short).
+N_RANKS = 2
+RANKS_MODULE = 'benchmarks.mpi_ranks'
+RANKS_OPTIMIZERS = ('cgdp', 'chainermn')
+RANKS_GOALS = {'ranks': 1.02, 'shortranks': 1.05}
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _iterator(n_devices, batch, image_size):
@@ -259,6 +283,101 @@ def print_short_regime(medians):
               '<= 1.00), 2 replicas / limit = {:.3f} (goal <= 1.05)'.format(
                   drive, standard, one, two, one / standard, two / limit),
               flush=True)
+
+
+def mpiexec_command(n_ranks, module, *args):
+    """``mpiexec -launcher fork -n N python -m module args`` with the
+    mpiexec next to this Python (the venv's MPICH wheel)."""
+    mpiexec = os.path.join(os.path.dirname(sys.executable), 'mpiexec')
+    if not os.path.exists(mpiexec):
+        raise RuntimeError(
+            'no mpiexec next to {}: the ranks parts need the MPI stack '
+            '(pip install -e .[mpi])'.format(sys.executable))
+    return [mpiexec, '-launcher', 'fork', '-n', str(n_ranks),
+            sys.executable, '-m', module] + [str(arg) for arg in args]
+
+
+def ranks_job_seconds(optimizer, args, n_ranks=N_RANKS):
+    """Runs one MPI job of :mod:`benchmarks.mpi_ranks`.
+
+    Args:
+        optimizer (str): One of :data:`RANKS_OPTIMIZERS`.
+        args (argparse.Namespace): ``net``, ``image_size``, ``batch`` (per
+            rank), ``iterations`` and ``warmup``.
+        n_ranks (int): Ranks of the job.
+
+    Returns:
+        list of float: Seconds of each measured iteration (its slowest
+        rank's).
+
+    Raises:
+        RuntimeError: The job failed or printed no result.
+    """
+    command = mpiexec_command(
+        n_ranks, RANKS_MODULE, '--optimizer', optimizer, '--net', args.net,
+        '--image-size', args.image_size, '--batch', args.batch,
+        '--iterations', args.iterations, '--warmup', args.warmup)
+    environment = dict(os.environ, PYTHONWARNINGS='ignore')
+    job = subprocess.run(command, cwd=REPO_ROOT, env=environment,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         universal_newlines=True, timeout=3600)
+    results = [json.loads(line) for line in job.stdout.splitlines()
+               if line.startswith('{"optimizer"')]
+    if job.returncode != 0 or len(results) != 1:
+        raise RuntimeError('{} ended with status {} and {} result lines; '
+                           'its output:\n{}'.format(
+                               ' '.join(command), job.returncode,
+                               len(results), job.stdout[-4000:]))
+    return results[0]['seconds']
+
+
+def ranks_regime(args, net, image_size):
+    """Median seconds per iteration of ``N_RANKS`` ranks with each
+    multi-node optimizer and of the limit, on ``net`` at ``image_size``;
+    alternated round by round, each job a fresh ``mpiexec``.
+
+    Returns:
+        dict: ``'cgdp'``, ``'chainermn'`` and ``'limit'`` to seconds.
+    """
+    regime = copy.copy(args)
+    regime.net, regime.image_size = net, image_size
+    times = {optimizer: [] for optimizer in RANKS_OPTIMIZERS}
+    limits = []
+    for _ in range(args.rounds):
+        for optimizer in RANKS_OPTIMIZERS:
+            times[optimizer] += ranks_job_seconds(optimizer, regime)
+        limits.append(limit_seconds(regime, N_RANKS))
+    medians = {optimizer: statistics.median(seconds)
+               for optimizer, seconds in times.items()}
+    medians['limit'] = statistics.median(limits)
+    return medians
+
+
+def print_ranks(part, args):
+    """Runs and prints the ``ranks`` or ``shortranks`` part: seconds per
+    iteration and the ratios, with the issue's goals."""
+    net, image_size = (args.net, args.image_size) if part == 'ranks' \
+        else (SHORT_NET, SHORT_IMAGE_SIZE)
+    medians = ranks_regime(args, net, image_size)
+    cgdp, chainermn, limit = (medians['cgdp'], medians['chainermn'],
+                              medians['limit'])
+    rows = [
+        ('CGDP create_multi_node_optimizer', '{:.4f} s'.format(cgdp)),
+        ('ChainerMN create_multi_node_optimizer (naive)',
+         '{:.4f} s'.format(chainermn)),
+        ('limit ({} StandardUpdater processes)'.format(N_RANKS),
+         '{:.4f} s'.format(limit)),
+        ('CGDP / limit', '{:.3f} (goal <= {:.2f})'.format(
+            cgdp / limit, RANKS_GOALS[part])),
+        ('CGDP / ChainerMN', '{:.3f} (goal < 1.00)'.format(cgdp / chainermn)),
+        ('ChainerMN / limit', '{:.3f}'.format(chainermn / limit))]
+    print('[{}] {} at {} px, {} ranks x 1 \'@numpy\' device, batch {} per '
+          'rank, 1 BLAS thread each; median seconds per iteration:'.format(
+              part, net, image_size, N_RANKS, args.batch))
+    width = max(len(label) for label, _ in rows)
+    for label, value in rows:
+        print('[{}]   {}  {}'.format(part, label.ljust(width), value))
+    sys.stdout.flush()
 
 
 def _best_seconds(func, repeats=20):
@@ -518,7 +637,7 @@ def print_pairs(base, args):
 def build_parser():
     parser = cli.ArgumentParser(prog='python -m benchmarks.runtime',
                                 description=__doc__.splitlines()[0])
-    parser.add_argument('--net', default='resnet152', type=cli.net_name)
+    parser.add_argument('--net', default='resnet152', type=cli.net_spec)
     parser.add_argument('--image-size', type=cli.positive_int, default=64)
     parser.add_argument('--batch', type=cli.positive_int, default=4)
     parser.add_argument('--iterations', type=cli.positive_int, default=5)
@@ -535,8 +654,7 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     cli.check_image_size(args.net, args.image_size)
     parts = args.parts
-    # The short regime builds its own net: --net's is built only if used.
-    base = None if set(parts) <= {'short', 'hostwork'} else \
+    base = None if set(parts) <= OWN_NET_PARTS else \
         models.Classifier(models.get_model(args.net, seed=0))
     print('{} at {} px, batch {} per replica, {} measured iterations x {} '
           'rounds (median), {} cores'.format(
@@ -586,6 +704,9 @@ def main(argv=None):
     if 'hostwork' in parts:
         for net in (SHORT_NET, args.net):
             print_host_work(net, args)
+    for part in ('ranks', 'shortranks'):
+        if part in parts:
+            print_ranks(part, args)
     if 'host' in parts:
         model = models.get_model(args.net, seed=0)
         bandwidth, seconds, n_floats = accumulator_bandwidth(model)
