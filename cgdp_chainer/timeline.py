@@ -34,6 +34,17 @@ Attributes:
 """
 
 
+def check_timeline(timeline):
+    """Raises ValueError unless ``timeline`` is None or records events as a
+    :class:`Timeline` does (the ``timeline=`` option of both front ends)."""
+    if timeline is not None and not all(
+            hasattr(timeline, name) for name in
+            ('record', 'span', 'end_iteration', 'now')):
+        raise ValueError(
+            'timeline must be a cgdp_chainer.Timeline or None; got '
+            '{!r}'.format(timeline))
+
+
 class Timeline(object):
     """Thread-safe recorder of CGDP events and per-iteration summaries.
 

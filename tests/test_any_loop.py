@@ -37,8 +37,9 @@ from test_mpi import mpi_environment, mpiexec_command, process_tree, run_mpi
 from test_mpi import mpiexec, remove_segments_of_killed_jobs  # NOQA: F401
 
 # (reference, candidate): whose create_multi_node_optimizer each run calls.
-IMPLS = ('chainermn', 'cgdp')
-REFERENCE, CANDIDATE = IMPLS
+IMPLS = ('chainermn', 'cgdp', 'cgdp-rank-hosts')
+REFERENCE, CANDIDATE = IMPLS[:2]
+RANK_HOSTS = 2  # the role of CGDP with node_host=False
 
 RTOL, ATOL = 1e-5, 1e-6
 
@@ -47,6 +48,7 @@ SHAPES = {
     'dcgan': ('anyloop_dcgan.py', 'anyloop-dcgan'),
     'bptt': ('anyloop_bptt.py', 'anyloop-bptt'),
     'custom_loop': ('anyloop_custom_loop.py', 'anyloop-custom-loop'),
+    'loss_scaling': ('anyloop_loss_scaling.py', 'anyloop-loss-scaling'),
 }
 RESUME = ('anyloop_trainer_resume.py', 'anyloop-trainer-resume')
 SNAPSHOT_AT = 3
@@ -177,6 +179,19 @@ def test_the_switched_call_trains_what_chainermn_trains(mpiexec, trained,
     candidate = trained(*SHAPES[shape], 1)
     assert_same_arrays(candidate, reference)
     assert_same_reports(candidate, reference)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize('shape', sorted(SHAPES))
+def test_a_host_per_rank_trains_what_a_shared_node_host_does(
+        mpiexec, trained, shape):
+    # node_host=False: every rank reduces and updates whole chunks after
+    # their all-reduce, instead of its part of the machine's shared host.
+    reference = trained(*SHAPES[shape], 0)
+    rank_hosts = trained(*SHAPES[shape], RANK_HOSTS)
+    assert_ranks_agree(rank_hosts)
+    assert_same_arrays(rank_hosts, reference)
+    assert_same_reports(rank_hosts, reference)
 
 
 # -- a Trainer, a snapshot, a resumed run -------------------------------------

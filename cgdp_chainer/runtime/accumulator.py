@@ -1,5 +1,6 @@
 """The host accumulator: master weights, the optimizer, per-chunk updates."""
 import concurrent.futures
+import numbers
 import os
 import threading
 import warnings
@@ -40,6 +41,18 @@ class FailureBox(object):
 
 class Aborted(Exception):
     """Raised inside a CGDP thread that stops because another one failed."""
+
+
+def check_host_threads(host_threads):
+    """Raises ValueError unless ``host_threads`` is a positive integer or
+    None (the ``host_threads=`` option of both front ends)."""
+    if host_threads is not None and (
+            isinstance(host_threads, bool) or
+            not isinstance(host_threads, numbers.Integral) or
+            host_threads < 1):
+        raise ValueError(
+            'host_threads must be a positive integer or None (CPU cores, '
+            'at most 4); got {!r}'.format(host_threads))
 
 
 def optimizer_hooks(optimizer):

@@ -34,6 +34,7 @@ import time
 import chainer
 
 from cgdp_chainer import blas
+from cgdp_chainer import timeline as timeline_module
 from cgdp_chainer.runtime import accumulator as accumulator_module
 from cgdp_chainer.runtime import buffers
 from cgdp_chainer.runtime import chunking
@@ -142,17 +143,8 @@ class _Options(object):
         # update; everything else now, before any work.
         chunking.parse_chunking(chunk_size, chunk_bytes, _ANY_LAYER_COUNT,
                                 _NO_POLICIES)
-        if host_threads is not None and (
-                isinstance(host_threads, bool) or
-                not isinstance(host_threads, int) or host_threads < 1):
-            raise ValueError(
-                'host_threads must be a positive integer or None (CPU '
-                'cores, at most 4); got {!r}'.format(host_threads))
-        if timeline is not None and not all(
-                hasattr(timeline, name) for name in
-                ('record', 'span', 'end_iteration', 'now')):
-            raise ValueError('timeline must be a cgdp_chainer.Timeline or '
-                             'None; got {!r}'.format(timeline))
+        accumulator_module.check_host_threads(host_threads)
+        timeline_module.check_timeline(timeline)
         self.chunk_size = chunk_size
         self.chunk_bytes = chunk_bytes
         self.host_threads = host_threads
@@ -248,6 +240,12 @@ class MultiNodeOptimizer(object):
         """The :class:`~cgdp_chainer.runtime.readiness.ChunkPlan` in use
         (None before the first update)."""
         return None if self._rank is None else self._rank.plan
+
+    @property
+    def shares_node_host(self):
+        """Whether the ranks of this machine share one host for this
+        optimizer (see ``node_host``); None before the first update."""
+        return None if self._rank is None else self._rank.node is not None
 
     def close(self):
         """Stops this optimizer's host threads and all-reducer; the model

@@ -18,6 +18,7 @@ from cgdp_chainer.runtime import buffers
 from cgdp_chainer import blas
 from cgdp_chainer import devices as devices_module
 from cgdp_chainer import randomness
+from cgdp_chainer import timeline as timeline_module
 from cgdp_chainer.runtime import channels
 from cgdp_chainer.runtime import chunking
 from cgdp_chainer.runtime import device_view
@@ -1189,19 +1190,8 @@ def _check_arguments(reduction, timeline, blas_threads, host_threads,
         raise ValueError('unknown start_method {!r}; valid: {}'.format(
             start_method, ', '.join(channels.START_METHODS)))
     blas.threads_per_replica(2, blas_threads)  # raises on a bad value
-    if host_threads is not None and (
-            isinstance(host_threads, bool) or
-            not isinstance(host_threads, numbers.Integral) or
-            host_threads < 1):
-        raise ValueError(
-            'host_threads must be a positive integer or None (CPU cores, '
-            'at most 4); got {!r}'.format(host_threads))
-    if timeline is not None and not all(
-            hasattr(timeline, name) for name in
-            ('record', 'span', 'end_iteration', 'now')):
-        raise ValueError(
-            'timeline must be a cgdp_chainer.Timeline or None; got '
-            '{!r}'.format(timeline))
+    accumulator_module.check_host_threads(host_threads)
+    timeline_module.check_timeline(timeline)
     if not callable(converter):
         raise ValueError('converter must be callable; got {!r}'.format(
             converter))

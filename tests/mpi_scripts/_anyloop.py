@@ -19,6 +19,7 @@ Each rank writes, atomically, into ``--out``:
   between ranks by design (everything else must be bit-identical).
 """
 import argparse
+import functools
 import importlib
 import json
 import os
@@ -31,8 +32,12 @@ import numpy  # NOQA: E402
 
 from cgdp_chainer import files  # NOQA: E402
 
-# --impl -> the module whose create_multi_node_optimizer the script calls.
-MODULES = {'chainermn': 'chainermn', 'cgdp': 'cgdp_chainer'}
+# --impl -> the module whose create_multi_node_optimizer the script calls
+# (and the options it gets: 'cgdp-rank-hosts' gives every rank a host of
+# its own where the ranks of a machine would share one).
+MODULES = {'chainermn': 'chainermn', 'cgdp': 'cgdp_chainer',
+           'cgdp-rank-hosts': 'cgdp_chainer'}
+OPTIONS = {'cgdp-rank-hosts': {'node_host': False}}
 
 # Per rank by design in every script: BatchNormalization's running
 # statistics (each rank normalizes its own batches) and recurrent state.
@@ -56,8 +61,9 @@ def parse_args(description, add_arguments=None, out=True):
 def multi_node_optimizer_factory(impl):
     """``chainermn.create_multi_node_optimizer`` or
     ``cgdp_chainer.create_multi_node_optimizer``: the one switched call."""
-    return getattr(importlib.import_module(MODULES[impl]),
-                   'create_multi_node_optimizer')
+    create = getattr(importlib.import_module(MODULES[impl]),
+                     'create_multi_node_optimizer')
+    return functools.partial(create, **OPTIONS.get(impl, {}))
 
 
 def start():

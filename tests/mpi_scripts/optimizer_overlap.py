@@ -12,6 +12,9 @@ Run: mpiexec -n 2 python tests/mpi_scripts/optimizer_overlap.py
   and the iteration has no ``backward`` events.
 * A parameter reshaped after the first update is refused by name; a model
   whose parameters differ between the ranks is refused on every rank.
+* The two ranks (one machine) share one host for MomentumSGD, keep a host
+  each with ``node_host=False`` or with GradientClipping (which needs the
+  whole gradient), and all three end with the same weights.
 """
 import time
 
@@ -96,6 +99,34 @@ def check_overlap(comm, lines):
     return model, optimizer
 
 
+def check_host_kinds(comm, lines):
+    """Two ranks of one machine share one host for a fused optimizer,
+    keep one each with node_host=False or a whole-gradient hook, and all
+    three train the same weights."""
+    trained = []
+    for options, hook, shared in (({}, None, True),
+                                  ({'node_host': False}, None, False),
+                                  ({}, chainer.optimizer_hooks.
+                                   GradientClipping(100.0), False)):
+        model = make_model()
+        optimizer = cgdp_chainer.create_multi_node_optimizer(
+            chainer.optimizers.MomentumSGD(0.1), comm, **options)
+        optimizer.setup(model)
+        if hook is not None:
+            optimizer.add_hook(hook)
+        for step in range(4):
+            optimizer.update(model, *batch(comm.rank, step))
+        assert optimizer.shares_node_host is shared, (options, hook)
+        trained.append({name: p.array.copy()
+                        for name, p in model.namedparams()})
+        optimizer.close()
+    for other in trained[1:]:
+        for name, array in trained[0].items():
+            numpy.testing.assert_array_equal(other[name], array, name)
+    lines.append('a shared node host, a host per rank and a deferred '
+                 'update train alike')
+
+
 def check_structure_change(model, optimizer, lines):
     layer = model.predictor[0]
     original = layer.W.array
@@ -134,6 +165,7 @@ def main():
         check_structure_change(model, optimizer, lines)
         optimizer.close()
         check_differing_models(comm, lines)
+        check_host_kinds(comm, lines)
     _common.report_ok(comm, 'optimizer-overlap', lines)
 
 
