@@ -128,9 +128,11 @@ def test_memnn_example_switched(tmp_path, dataset_root):
                      str(tmp_path / 'cgdp' / 'model.npz'))
 
 
-def _assert_same_logs(tmp_path, keys):
-    """The switched run logged the reference run's values."""
-    expected, actual = _log(tmp_path / 'standard'), _log(tmp_path / 'cgdp')
+def _assert_same_logs(tmp_path, keys, reference=None):
+    """The switched run logged the reference run's values (the reference
+    run's output is ``tmp_path / 'standard'`` unless given)."""
+    expected = _log(reference or tmp_path / 'standard')
+    actual = _log(tmp_path / 'cgdp')
     assert [e['iteration'] for e in actual] == \
         [e['iteration'] for e in expected]
     for want, got in zip(expected, actual):
@@ -168,4 +170,39 @@ def test_pos_tagging_example_with_integer_counts_switched(tmp_path,
         'main/loss', 'main/accuracy', 'main/total', 'main/correct',
         'validation/main/loss', 'validation/main/accuracy'])
     _assert_same_npz(str(tmp_path / 'standard' / 'model.npz'),
+                     str(tmp_path / 'cgdp' / 'model.npz'))
+
+
+@pytest.fixture(scope='module')
+def static_graph_standard_run(tmp_path_factory, dataset_root):
+    """The static_graph example with StandardUpdater (which replays the
+    static schedule from the second iteration on), once for both worker
+    kinds' comparisons."""
+    out = tmp_path_factory.mktemp('static_graph') / 'standard'
+    _run('train_mnist_static_graph.py', out, dataset_root, '--updater',
+         'standard')
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('workers', ['process', 'thread'])
+def test_static_graph_example_switched(tmp_path, dataset_root, workers,
+                                       static_graph_standard_run):
+    # An MLP whose __call__ is @static_graph, 48 examples, 12 a batch
+    # (shuffled), 2 epochs: 8 iterations, an Evaluator of the model (its
+    # own static schedule) after the 4th and the 8th.
+    completed = _run('train_mnist_static_graph.py', tmp_path / 'cgdp',
+                     dataset_root, '--updater', 'cgdp', '--workers', workers)
+    said = [line for line in completed.stdout.splitlines()
+            if line.startswith('CGDP @static_graph')]
+    assert len(said) == 1 and 'MLP.__call__' in said[0]
+    # The master's Evaluator schedule let go of the shared memory.
+    assert 'BufferError' not in completed.stderr
+    assert [entry['iteration'] for entry in _log(tmp_path / 'cgdp')] == \
+        [4, 8]
+    _assert_same_logs(tmp_path, ['main/loss', 'main/accuracy',
+                                 'validation/main/loss',
+                                 'validation/main/accuracy'],
+                      reference=static_graph_standard_run)
+    _assert_same_npz(str(static_graph_standard_run / 'model.npz'),
                      str(tmp_path / 'cgdp' / 'model.npz'))

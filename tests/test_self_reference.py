@@ -1,7 +1,8 @@
 """Models that refer to themselves through functions (Chainer's memnn
 example: ``self.W = lambda u: F.linear(u, self.embeds[-1].W)``), a
 ``loss_func`` that captures the model, what a copy cannot fix, and
-``@static_graph`` models: with both worker kinds."""
+``@static_graph`` models (trained define-by-run, equal to StandardUpdater's
+static schedule): with both worker kinds."""
 import functools
 import re
 import threading
@@ -19,6 +20,7 @@ from chainer.graph_optimizations.static_graph import static_graph
 import equivalence
 from equivalence import WORKERS, assert_same_params, cgdp, standard  # NOQA
 from cgdp_chainer.runtime import replica_copy
+from cgdp_chainer.runtime import static_graph_models
 
 N_VOCAB = 12
 N_UNITS = 6
@@ -380,42 +382,183 @@ class StaticWithOptions(chainer.Chain):
         return self.l1(x)
 
 
+def _static_reference(make, iterations, evaluate=False):
+    """StandardUpdater's run of a fresh ``make()``, and its model (whose
+    static schedule ran)."""
+    model = _fresh(make)
+    params = _train_evaluating(model, standard, iterations, evaluate)
+    return model, params
+
+
+def _train_evaluating(model, make_updater, iterations, evaluate):
+    """Trains ``model``; with ``evaluate``, also runs it in test mode after
+    every update (as an Evaluator does) and returns those losses too."""
+    optimizer = _adam(model)
+    iterator = chainer.iterators.SerialIterator(vector_data(), 6,
+                                                shuffle=False)
+    x, t = chainer.dataset.concat_examples(vector_data(n=10, seed=7))
+    updater = make_updater(iterator, optimizer)
+    losses = []
+    try:
+        for _ in range(iterations):
+            updater.update()
+            if evaluate:
+                with chainer.using_config('train', False), \
+                        chainer.no_backprop_mode():
+                    losses.append(float(model(x, t).array))
+    finally:
+        updater.finalize()
+    params = {name: p.array.copy() for name, p in model.namedparams()}
+    return (params, losses) if evaluate else params
+
+
+def _initialized(make):
+    """The first weights of a fresh ``make()``: lazy layers initialized by
+    a first forward, as the updaters' first forward initializes them."""
+    model = _fresh(make)
+    model(*chainer.dataset.concat_examples(vector_data()[:6]))
+    return _initial(model)
+
+
+def _schedules(link, mode):
+    """The non-empty static schedules of ``link`` for ``mode`` ('train' or
+    'test') that its @static_graph method built."""
+    manager = getattr(link, 'schedule_manager', None)
+    if manager is None:
+        return []
+    return [schedule for key, schedules in manager.schedules.items()
+            if key.startswith(mode + ':') for schedule in schedules
+            if not schedule.is_empty()]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize('workers', WORKERS)
 @pytest.mark.parametrize('net, method', [(StaticMLP, 'StaticMLP.__call__'),
                                          (StaticWithOptions,
                                           'StaticWithOptions.forward')])
-def test_a_static_graph_model_is_refused_at_construction(workers, net,
-                                                         method):
-    with pytest.raises(ValueError) as info:
-        _updater(L.Classifier(net()), workers)
-    message = str(info.value)
-    assert message.startswith(
-        "{} (the model's link '/predictor') is decorated with "
-        '@static_graph'.format(method))
-    assert 'Remove the decorator to train with CGDPUpdater' in message
-    assert len(message.split('@static_graph')) == 2  # said once
+def test_a_static_graph_model_equals_standard_updater(workers, net, method,
+                                                      capsys):
+    # StandardUpdater replays the static schedule from the second
+    # iteration on; 5 iterations run it 4 times.
+    def make():
+        return L.Classifier(net())
+    reference, expected = _static_reference(make, 5)
+    assert _schedules(reference.predictor, 'train')  # the schedule ran
+    capsys.readouterr()
+    model = _fresh(make)
+    actual = _train_evaluating(model, cgdp(2, workers=workers), 5,
+                               evaluate=False)
+    assert_same_params(expected, actual)
+    _assert_trained(_initialized(make), expected)
+    # The master ran define-by-run too: no schedule left unfinished on it.
+    assert _schedules(model.predictor, 'train') == []
+    said = [line for line in capsys.readouterr().out.splitlines()
+            if line.startswith('CGDP @static_graph')]
+    assert len(said) == 1
+    assert "{} (the model's link '/predictor')".format(method) in said[0]
+    assert 'define-by-run' in said[0]
 
 
-def test_a_static_graph_loss_func_is_refused_too():
-    class LossChain(chainer.Chain):
-        def __init__(self, model):
-            super(LossChain, self).__init__()
-            with self.init_scope():
-                self.model = model
+@pytest.mark.slow
+@pytest.mark.parametrize('workers', WORKERS)
+def test_the_masters_own_static_schedule_evaluates_as_standard_updater(
+        workers):
+    # Evaluated in test mode after every update, the master builds a test
+    # schedule at the first and replays it while CGDP moves and updates
+    # its arrays (and gives them back at finalize).
+    def make():
+        return L.Classifier(StaticMLP())
+    reference = _fresh(make)
+    expected, expected_losses = _train_evaluating(reference, standard, 5,
+                                                  evaluate=True)
+    model = _fresh(make)
+    actual, losses = _train_evaluating(model, cgdp(2, workers=workers), 5,
+                                       evaluate=True)
+    assert _schedules(model.predictor, 'test')  # replayed by the master
+    assert_same_params(expected, actual)
+    numpy.testing.assert_allclose(losses, expected_losses, rtol=1e-5)
+    assert len(set(expected_losses)) == 5  # each evaluated new weights
+    # Afterwards the master's schedule follows its own (private) arrays.
+    for schedule in _schedules(model.predictor, 'test'):
+        for index, (param_index, where) in schedule.param_hooks:
+            if where == 'data':
+                assert schedule.unique_arrays[index] is \
+                    schedule.params_list[param_index].array
 
-        def forward(self, x, t):
-            return F.softmax_cross_entropy(self.model(x), t)
 
-    model = StaticMLP()
-    with pytest.raises(ValueError, match=r"^StaticMLP\.__call__ \(loss_func's "
-                                         r"link '/model'\) is decorated"):
-        replica_copy.refuse_static_graph(SelfReferring(), LossChain(model))
+@pytest.mark.slow
+@pytest.mark.parametrize('workers', WORKERS)
+def test_a_master_that_already_holds_a_static_schedule_trains(workers):
+    # Evaluated (or trained by StandardUpdater) before the updater is
+    # built, the master holds schedules with weak references and its own
+    # parameters: the replicas' copies leave them out.
+    def make():
+        model = L.Classifier(StaticMLP())
+        x, t = chainer.dataset.concat_examples(vector_data(n=6, seed=3))
+        model(x, t).backward()  # a train schedule, its backward built
+        with chainer.using_config('train', False):
+            model(x, t)  # and a test schedule
+        model.cleargrads()
+        return model
+    expected = _train_evaluating(_fresh(make), standard, 4, evaluate=False)
+    model = _fresh(make)
+    assert _schedules(model.predictor, 'train')
+    actual = _train_evaluating(model, cgdp(2, workers=workers), 4,
+                               evaluate=False)
+    assert_same_params(expected, actual)
 
 
-def test_the_static_graph_check_leaves_plain_models_alone():
-    replica_copy.refuse_static_graph(L.Classifier(MemNN()))
-    replica_copy.refuse_static_graph(L.Classifier(SelfReferring()),
-                                     functools.partial(F.sum))
+class LossChain(chainer.Chain):
+    """A loss_func link over the model's @static_graph predictor."""
+
+    def __init__(self, model):
+        super(LossChain, self).__init__()
+        with self.init_scope():
+            self.model = model
+
+    def forward(self, x, t):
+        return F.softmax_cross_entropy(self.model(x), t)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('workers', WORKERS)
+def test_a_loss_func_link_over_a_static_graph_model_trains(workers):
+    def make():
+        return L.Classifier(StaticMLP())
+
+    def loss_chain(model):
+        return LossChain(model.predictor)
+    expected = _train_with_loss(
+        _fresh(make), loss_chain,
+        lambda it, opt, loss: chainer.training.updaters.StandardUpdater(
+            it, opt, loss_func=loss))
+    actual = _train_with_loss(
+        _fresh(make), loss_chain,
+        lambda it, opt, loss: cgdp_chainer.CGDPUpdater(
+            it, opt, ['@numpy'] * 2, loss_func=loss, workers=workers))
+    assert_same_params(expected, actual)
+
+
+def test_static_graph_methods_are_found_where_they_are():
+    model = L.Classifier(StaticMLP())
+    assert static_graph_models.decorated_methods(model) == [
+        "StaticMLP.__call__ (the model's link '/predictor')"]
+    # Through a loss_func link: named once, where the model holds it.
+    assert static_graph_models.decorated_methods(
+        model, LossChain(model.predictor)) == [
+        "StaticMLP.__call__ (the model's link '/predictor')"]
+    assert static_graph_models.decorated_methods(
+        SelfReferring(), LossChain(StaticMLP())) == [
+        "StaticMLP.__call__ (loss_func's link '/model')"]
+    assert static_graph_models.decorated_methods(
+        L.Classifier(StaticWithOptions())) == [
+        "StaticWithOptions.forward (the model's link '/predictor')"]
+
+
+def test_plain_models_have_no_static_graph_methods():
+    assert static_graph_models.decorated_methods(L.Classifier(MemNN())) == []
+    assert static_graph_models.decorated_methods(
+        L.Classifier(SelfReferring()), functools.partial(F.sum)) == []
 
 
 def test_the_replica_pickle_leaves_the_weights_out():

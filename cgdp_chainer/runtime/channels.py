@@ -40,12 +40,13 @@ from cgdp_chainer import devices as devices_module
 from cgdp_chainer.runtime import buffers
 from cgdp_chainer.runtime import replica_copy
 from cgdp_chainer.runtime import shared
+from cgdp_chainer.runtime import static_graph_models
 from cgdp_chainer.runtime import transfer as transfer_module
 from cgdp_chainer.runtime import worker as worker_module
 
 WORKER_KINDS = ('process', 'thread')
 
-# The updater's check at construction (the static_graph refusal, the copy).
+# The updater's check at construction (the copy, and what it refers to).
 check_replicable = replica_copy.check_replicable
 START_METHODS = ('spawn', 'forkserver')
 
@@ -90,6 +91,7 @@ class ThreadReplicas(object):
         self.devices = devices
         self.loss_func = loss_func
         self.failures = failures
+        self._model = master
         self.blas_limit = blas.threads_per_replica(
             cpu_replica_count(devices), blas_threads)
         master_params = collections.OrderedDict(master.namedparams())
@@ -228,7 +230,7 @@ class ThreadReplicas(object):
             thread.join(timeout=60)
         for port in self.ports:
             port.close()
-        self.master.release()
+        release_master(self.master, self._model)
 
     def relayout(self, layout):
         """Moves the master's parameters to ``layout`` in their buffer
@@ -326,6 +328,7 @@ class ProcessReplicas(object):
                 ', '.join(START_METHODS), start_method))
         self.devices = devices
         self.failures = failures
+        self._model = master
         self.start_method = start_method
         self.blas_limit = blas.threads_per_replica(
             cpu_replica_count(devices), blas_threads)
@@ -647,13 +650,26 @@ class ProcessReplicas(object):
             if conn is not None:
                 conn.close()
         self._conns = [None] * len(self._conns)
-        self.master.release()
+        release_master(self.master, self._model)
         for port in self.ports:
             port.close()
         for arena in [self._master_arena] + self._slot_arenas:
             arena.close()
         for batch in self._batches:
             batch.close()
+
+
+def release_master(flat_master, model):
+    """Gives the master private copies of its arrays again, before their
+    flat buffer is freed, and points the static schedules that its own
+    calls built (an Evaluator's) at them.
+
+    Args:
+        flat_master (FlatMaster): The master's arrays in the flat buffer.
+        model (chainer.Link): The master model.
+    """
+    flat_master.release()
+    static_graph_models.follow_parameters(model)
 
 
 def describe_exit(exitcode):

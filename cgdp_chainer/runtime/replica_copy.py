@@ -30,11 +30,14 @@ import chainer
 import cloudpickle
 import numpy
 
+from cgdp_chainer.runtime import static_graph_models
+
 
 class _ReplicaPickler(cloudpickle.Pickler):
     """Pickles the master as a replica, leaving out what the worker gets
     from shared memory or the master (parameter arrays) or must not have
-    (gradients, the optimizer's update rules and their state)."""
+    (gradients, the optimizer's update rules and their state, a static
+    schedule of the master's)."""
 
     def __init__(self, file, master_params):
         super(_ReplicaPickler, self).__init__(file, pickle.HIGHEST_PROTOCOL)
@@ -78,7 +81,10 @@ class _ReplicaPickler(cloudpickle.Pickler):
                 return ('param', name)
             if id(obj) in self._grads:
                 return ('none',)
-        elif isinstance(obj, chainer.UpdateRule):
+        elif isinstance(obj, (chainer.UpdateRule,
+                              static_graph_models.SCHEDULE_TYPES)):
+            # A replica runs define-by-run: a static schedule that the
+            # master's own calls built stays the master's.
             return ('none',)
         return None
 
@@ -194,8 +200,8 @@ def thread_replicas(master, loss_func, count):
 
 
 def _deep_copy(master, loss_func, master_params):
-    """``copy.deepcopy`` with the master's arrays shared and its gradients
-    and update rules left out, as in the pickled copy."""
+    """``copy.deepcopy`` with the master's arrays shared and its gradients,
+    update rules and static schedules left out, as in the pickled copy."""
     memo = {}
     for param in master_params.values():
         if param.array is not None:
@@ -204,6 +210,14 @@ def _deep_copy(master, loss_func, master_params):
                 memo[id(param.grad)] = None
         if param.update_rule is not None:
             memo[id(param.update_rule)] = None
+    links = list(master.links())
+    loss_link = getattr(loss_func, '__self__', loss_func)
+    if isinstance(loss_link, chainer.Link):
+        links.extend(loss_link.links())
+    for link in links:
+        for value in vars(link).values():
+            if isinstance(value, static_graph_models.SCHEDULE_TYPES):
+                memo[id(value)] = None
     try:
         return copy.deepcopy((master, loss_func), memo)
     except Exception as error:
@@ -215,8 +229,8 @@ def _deep_copy(master, loss_func, master_params):
 
 def check_replicable(master, loss_func, workers):
     """Refuses, before any work, a model that replicas cannot train: one
-    decorated with ``@static_graph``, one that cannot be copied for
-    ``workers``, one whose copy would still compute with the master.
+    that cannot be copied for ``workers``, one whose copy would still
+    compute with the master.
 
     Cheap: the parameter arrays are not copied.
 
@@ -228,7 +242,6 @@ def check_replicable(master, loss_func, workers):
     Raises:
         ValueError: The message names the problem and the fix.
     """
-    refuse_static_graph(master, loss_func)
     master_params = dict(master.namedparams())
     master_arrays = {name: p.array for name, p in master_params.items()}
     if workers == 'process':
@@ -237,69 +250,6 @@ def check_replicable(master, loss_func, workers):
             master, *load_replica(replica_bytes, master_arrays))
     else:
         thread_replicas(master, loss_func, 1)
-
-
-# ------------------------------------------------------------ @static_graph
-
-def _static_graph_code():
-    """The code object that every ``@static_graph`` wrapper shares (the
-    decorator wraps without ``functools.wraps``: there is no attribute to
-    look for, but every wrapper is a closure over this one code)."""
-    from chainer.graph_optimizations import static_graph as module
-    return module.static_graph(lambda chain: None).__code__
-
-
-def _is_static_graph_wrapper(value, wrapper_code):
-    value = getattr(value, '__func__', value)  # a bound method
-    return isinstance(value, types.FunctionType) and (
-        value.__code__ is wrapper_code or (
-            value.__module__ == 'chainer.graph_optimizations.static_graph'
-            and value.__qualname__.endswith('wrap.<locals>.wrapped_func')))
-
-
-def refuse_static_graph(master, loss_func=None):
-    """Raises ValueError if a link of ``master`` (or ``loss_func``, or a
-    link that it is or is bound to) is decorated with
-    ``chainer.static_graph``.
-
-    Its first call records the whole forward and backward as one static
-    schedule and later calls replay it as one function node: CGDP's
-    hand-over of gradient chunks during the backward, and its replicas'
-    copies, cannot follow it.
-
-    Args:
-        master (chainer.Link): The master model.
-        loss_func (callable or None): As for ``CGDPUpdater``.
-    """
-    wrapper_code = _static_graph_code()
-    owners = [('the model', master)]
-    loss_link = getattr(loss_func, '__self__', loss_func)
-    if isinstance(loss_link, chainer.Link) and loss_link is not master:
-        owners.append(('loss_func', loss_link))
-    for owner, root in owners:
-        for path, link in root.namedlinks():
-            where = owner if path == '/' else "{}'s link {!r}".format(owner,
-                                                                    path)
-            for cls in type(link).__mro__:
-                for name, value in vars(cls).items():
-                    if _is_static_graph_wrapper(value, wrapper_code):
-                        _raise_static_graph('{}.{} ({})'.format(
-                            cls.__name__, name, where))
-            for name, value in vars(link).items():
-                if _is_static_graph_wrapper(value, wrapper_code):
-                    _raise_static_graph('the attribute {!r} of {}'.format(
-                        name, where))
-    if _is_static_graph_wrapper(loss_func, wrapper_code):
-        _raise_static_graph('loss_func')
-
-
-def _raise_static_graph(what):
-    raise ValueError(
-        '{} is decorated with @static_graph (chainer.static_graph), which '
-        'replays the whole forward and backward as one static schedule; '
-        "CGDP's hand-over of gradient chunks during the backward cannot "
-        'follow it. Remove the decorator to train with CGDPUpdater (the '
-        'model computes the same without it)'.format(what))
 
 
 # ------------------------------------------------------------ the safety net

@@ -26,6 +26,7 @@ from cgdp_chainer.runtime import master as master_module
 from cgdp_chainer.runtime import observations
 from cgdp_chainer.runtime import readiness
 from cgdp_chainer.runtime import shared
+from cgdp_chainer.runtime import static_graph_models
 from cgdp_chainer.runtime import worker as worker_module
 
 REDUCTIONS = ('mean', 'sum')
@@ -156,10 +157,18 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     Several ``'@numpy'`` replica threads share NumPy's one global state:
     where they draw from it, a warning names the ways out.
 
+    ``@static_graph`` models (``chainer.static_graph`` on a link's
+    ``__call__`` or ``forward``) train as any other: the replicas, and the
+    first iteration's forwards of the master, run them define-by-run
+    (``chainer.config.use_static_graph`` False), which computes the same
+    values as the static schedule, so that the readiness backward sees each
+    layer's gradients become final (the schedule replays the whole backward
+    as one node); a line of the log says so (see
+    :mod:`~cgdp_chainer.runtime.static_graph_models`). The master's own
+    calls outside the updater (an ``Evaluator``) keep the static schedule.
+
     Not supported, and refused at the first iteration: ``F.forget`` (its
-    backward recomputes the forward behind the per-layer hand-over); refused
-    when the updater is built: ``@static_graph`` models (their schedule
-    replays the whole backward as one node).
+    backward recomputes the forward behind the per-layer hand-over).
 
     It takes the call forms of Chainer's multi-device updaters, so that
     switching a script is one line: ``ParallelUpdater``'s (one iterator,
@@ -323,6 +332,9 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             optimizer.set_loss_scale(loss_scale)  # the one CGDP runs
         self._allreducer = None
         channels.check_replicable(master, loss_func, workers)
+        # Said at the first update, once per run (on rank 0 under MPI).
+        self._static_graph_methods = static_graph_models.decorated_methods(
+            master, loss_func)
         self._failures = accumulator_module.FailureBox()
         self._random_base = randomness.base_seed()  # draws nothing
         self._replicas = None
@@ -518,7 +530,11 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         n = len(self._devices)
         first_reports = None
         if self._replicas is None:
-            first_reports = self._start(batch)
+            # The master's forwards at the first iteration run
+            # define-by-run, as the replicas do: none builds a static
+            # schedule on the master that training would leave unfinished.
+            with static_graph_models.define_by_run():
+                first_reports = self._start(batch)
         inputs = batch.inputs
         # Each device's weight in 'mean': its fraction of the examples (the
         # iterators of the list form may give batches of different sizes).
@@ -804,6 +820,9 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self._random_base = self._allreducer.allreduce_int(
                 self._random_base if self._allreducer.rank == 0 else 0,
                 op='max')
+        if self._static_graph_methods:
+            self._say(static_graph_models.describe(
+                self._static_graph_methods))
         self._find_kinds(batch)
         if self.timeline is not None:
             self.timeline.name_tracks(

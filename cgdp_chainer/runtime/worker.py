@@ -29,6 +29,7 @@ from cgdp_chainer.runtime.accumulator import Aborted  # NOQA: one exception for 
 from cgdp_chainer.runtime import observations
 from cgdp_chainer.runtime import readiness
 from cgdp_chainer.runtime import shared
+from cgdp_chainer.runtime import static_graph_models
 
 Job = collections.namedtuple(
     'Job', ('iteration', 'seed', 'plan', 'fingerprint', 'record_events',
@@ -69,9 +70,11 @@ Attributes:
 
 # Settings of chainer.config that a replica takes over from the caller;
 # the others (enable_backprop, the recomputation flags, the reporter's
-# graph keeping) are the runtime's.
+# graph keeping, use_static_graph: a replica runs @static_graph methods
+# define-by-run) are the runtime's.
 _SKIPPED_CONFIG = ('enable_backprop', 'in_recomputing', '_will_recompute',
-                   'schedule_func', 'keep_graph_on_report')
+                   'schedule_func', 'keep_graph_on_report',
+                   'use_static_graph')
 
 
 def caller_config():
@@ -219,7 +222,11 @@ class ReplicaWorker(object):
         with _ConfigScope(job.config), _ReplicaScope(self.index), \
                 randomness.replica_streams(job.seed, self.device), \
                 self.reporter.scope(observation), \
-                chainer.using_config('enable_backprop', True):
+                chainer.using_config('enable_backprop', True), \
+                static_graph_models.define_by_run():
+            # Define-by-run, so that the readiness backward sees each
+            # parameter's last use (a static schedule's backward is one
+            # node); the values are the schedule's.
             report = self._iterate(job, plan, in_arrays, clock, forming)
         self._ran_chunks = plan.n_chunks
         return IterationResult(
