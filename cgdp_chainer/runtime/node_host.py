@@ -33,6 +33,7 @@ whole gradient, or loss scaling is dynamic, each rank keeps a host of its
 own instead (:func:`node_host_refusal` says why).
 """
 import os
+import platform
 import time
 
 import numpy
@@ -46,9 +47,15 @@ from cgdp_chainer.runtime.reduction import reduce_sum
 # Flag rows of NodeMemory.flags.
 DELIVERED, PUBLISHED = 0, 1
 
-# Seconds between two looks at the other ranks' flags. A chunk's host work
-# takes far longer; the wait at the end of update() pays one interval.
-POLL_SECONDS = 5e-5
+# Seconds between two looks at the other ranks' flags: from the first to
+# the last, doubling. A chunk's host work takes far longer than the first;
+# a long wait (a rank still in its forward) does not spin a core.
+POLL_SECONDS = (2e-5, 1e-3)
+
+# Processors whose stores other processes see in program order (x86-64's
+# total store order): a rank's gradients are in its slot before others see
+# its delivered flag, with no fence. Elsewhere each rank keeps its own host.
+ORDERED_STORE_MACHINES = ('x86_64', 'AMD64', 'i686', 'i386')
 
 # Elements of a part start on a cache line: two ranks never write one.
 _PART_ALIGN_BYTES = 64
@@ -108,6 +115,9 @@ def node_host_refusal(optimizer, check_params=True):
         check_params (bool): Whether to look at every parameter's rule too
             (else only at the optimizer, its hooks and its loss scaling).
     """
+    if platform.machine() not in ORDERED_STORE_MACHINES:
+        return 'this processor ({}) may reorder stores between ' \
+            'processes'.format(platform.machine())
     if accumulator_module.needs_whole_gradient(optimizer):
         return 'a hook needs the whole gradient'
     if getattr(optimizer, '_loss_scaling_is_dynamic', False):
@@ -268,6 +278,7 @@ class NodeAccumulator(accumulator_module.HostAccumulator):
     def _await_flags(self, row, chunk):
         flags = self.memory.flags[row, chunk]
         target = self._iteration_flag
+        pause, longest = POLL_SECONDS
         while (flags < target).any():
             if self.memory.failed[0]:
                 raise RuntimeError(
@@ -276,7 +287,8 @@ class NodeAccumulator(accumulator_module.HostAccumulator):
                     'is on its output'.format(chunk))
             if self._stopping.is_set():
                 raise accumulator_module.Aborted()
-            time.sleep(POLL_SECONDS)
+            time.sleep(pause)
+            pause = min(longest, pause * 2)
 
     def _process_part(self, chunk):
         names = self.chunk_names[chunk]
