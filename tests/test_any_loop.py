@@ -30,7 +30,6 @@ import time
 import numpy
 import pytest
 
-import cgdp_chainer
 from test_mpi import JOB_TIMEOUT, REPO_ROOT, SCRIPTS, assert_ok
 from test_mpi import mpi_environment, mpiexec_command, process_tree, run_mpi
 # Fixtures: skip where MPI is not installed; remove what killed jobs left.
@@ -386,16 +385,6 @@ def refusals():
     return _REFUSALS
 
 
-# Until cgdp_chainer.create_multi_node_optimizer exists these fail (the
-# script gets AttributeError): shown as xfailed, and run for real as soon as
-# it exists.
-pending = pytest.mark.xfail(
-    not hasattr(cgdp_chainer, 'create_multi_node_optimizer'),
-    reason='cgdp_chainer.create_multi_node_optimizer does not exist yet',
-    strict=True)
-
-
-@pending
 @pytest.mark.mpi
 def test_double_buffering_is_refused(mpiexec):
     outcome = refusals()['double_buffering']
@@ -403,7 +392,6 @@ def test_double_buffering_is_refused(mpiexec):
     assert 'double_buffering' in outcome['message'], outcome
 
 
-@pending
 @pytest.mark.mpi
 @pytest.mark.parametrize('case', ['not_a_gradient_method', 'wrapped_twice'])
 def test_an_actual_optimizer_that_is_not_a_gradient_method_is_refused(
