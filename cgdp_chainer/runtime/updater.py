@@ -222,13 +222,17 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             statistics and NumPy's random state as they were) on the whole
             batch and on each device's share say whether the whole batch's
             loss is the shares' sum or their weighted mean; a line of the
-            log says what was found. Where that cannot be told (both match,
-            as zero losses do; neither does, as with a model that draws
-            random numbers in test mode or a loss that is neither) the
-            first ``update()`` raises a ``ValueError`` naming the values
-            and asking for ``reduction``; under MPI every rank must find
-            the same. ``updater.reduction`` holds the choice (None until
-            then).
+            log says what was found. Where neither matches, a second
+            forward on the whole batch with other random numbers tells a
+            loss that draws random numbers in every mode (a VAE's), which
+            is then decided within its sampling noise (see
+            :func:`~cgdp_chainer.runtime.observations.within_noise`; the
+            log says so). Where it cannot be told (both match, as zero
+            losses do; neither does, with the same loss twice or with a
+            noise too large; the forwards raise) the first ``update()``
+            raises a ``ValueError`` naming the values and asking for
+            ``reduction``; under MPI every rank must find the same.
+            ``updater.reduction`` holds the choice (None until then).
         converter: Converter for each device's share of the batch; it is
             called in this process with the CPU device, and the arrays are
             sent to the replica's device there. It may return arrays and
