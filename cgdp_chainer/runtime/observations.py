@@ -196,7 +196,7 @@ def within_noise(comparison, again):
     Returns:
         Comparison: ``comparison`` itself where this does not apply (a
         kind other than ``'neither'``, a deterministic value, ``again`` not
-        a number of the same shape); else ``comparison`` with ``again`` set
+        a finite number of the same shape); else ``comparison`` with ``again`` set
         and ``kind`` ``'sum'``, ``'mean'`` or (the noise is too large to
         tell) ``'neither'``.
     """
@@ -204,7 +204,8 @@ def within_noise(comparison, again):
         return comparison
     first, second = _numeric(comparison.whole), _numeric(again)
     if second is None or second.shape != first.shape or \
-            numpy.array_equal(first, second):
+            numpy.array_equal(first, second) or \
+            not numpy.all(numpy.isfinite(second)):
         return comparison
     distances = noise_distances(comparison._replace(again=again))
     margin = NOISE_MARGIN * distances['between']

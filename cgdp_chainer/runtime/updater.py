@@ -970,6 +970,11 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         """Runs the comparisons' forwards; learns each reported key's kind
         (with two devices or more) and compares the loss.
 
+        Args:
+            batch (Batch): The first batch.
+            parts (list): The converted inputs of each share.
+            counts (list of int): Each share's examples.
+
         Returns:
             tuple: ``(comparison, failure)``: the loss's
             :class:`~cgdp_chainer.runtime.observations.Comparison`, or None
@@ -1002,10 +1007,25 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             whole.loss, [f.loss for f in shares], counts)
         if comparison.kind != 'neither' or self.reduction is not None:
             return comparison, None
-        # Neither matched exactly: a second draw on the whole batch tells a
-        # loss that draws random numbers in test mode (a VAE's) from one
-        # that is neither a sum nor a mean, and decides the first within
-        # its noise.
+        return self._decide_within_noise(batch, comparison)
+
+    def _decide_within_noise(self, batch, comparison):
+        """A second draw of the whole batch's loss, for a comparison that
+        found neither: it tells a loss that draws random numbers in test
+        mode (a VAE's) from one that is neither a sum nor a mean, and
+        decides the first within its noise
+        (:func:`~cgdp_chainer.runtime.observations.within_noise`).
+
+        The forward draws from a stream of its own (repeatable under a
+        seeded script); the caller's random states are put back after it.
+
+        Args:
+            batch (Batch): The first batch.
+            comparison (Comparison): The exact comparison of the loss.
+
+        Returns:
+            tuple: As for :meth:`_probe`.
+        """
         try:
             again, = observations.probe_forwards(
                 self.get_optimizer('main').target, self.loss_func,
