@@ -196,9 +196,9 @@ def within_noise(comparison, again):
     Returns:
         Comparison: ``comparison`` itself where this does not apply (a
         kind other than ``'neither'``, a deterministic value, ``again`` not
-        a finite number of the same shape); else ``comparison`` with ``again`` set
-        and ``kind`` ``'sum'``, ``'mean'`` or (the noise is too large to
-        tell) ``'neither'``.
+        a finite number of the same shape); else ``comparison`` with
+        ``again`` set and ``kind`` ``'sum'``, ``'mean'`` or (the noise is
+        too large to tell) ``'neither'``.
     """
     if comparison.kind != 'neither':
         return comparison
