@@ -45,6 +45,26 @@ STREAM_TAG = 0x43474450  # 'CGDP'
 NUMPY_STREAM = 0    # the process's global NumPy state
 DROPOUT_STREAM = 1  # the thread's own state (cgdp_chainer.randomness.dropout)
 CUPY_STREAM = 2     # the GPU replica's CuPy state
+PROBE_STREAM = 3    # the first iteration's second draw of the loss
+
+
+def probe_words(base):
+    """The seed of the first iteration's second forward of the master on
+    the whole batch, which tells a loss that draws random numbers in test
+    mode from a deterministic one (see ``CGDPUpdater``'s ``reduction``).
+
+    A stream of its own, derived from the updater's base seed: repeatable
+    under a seeded script, and not the caller's state, from which the
+    first forward drew (and which is put back after both).
+
+    Args:
+        base (int): The updater's base seed (see :func:`base_seed`).
+
+    Returns:
+        numpy.ndarray: 128 bits, for ``numpy.random.seed``.
+    """
+    return numpy.random.SeedSequence(
+        [STREAM_TAG, int(base)], spawn_key=(PROBE_STREAM,)).generate_state(4)
 
 _local = threading.local()
 

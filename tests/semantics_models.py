@@ -43,16 +43,43 @@ class ZeroLoss(CountingClassifier):
 
 
 class NoisyLoss(CountingClassifier):
-    """Draws random numbers in any mode (``F.gaussian``), so that forwards
-    in test mode tell nothing about the loss."""
+    """Draws random numbers in any mode (``F.gaussian``), so that no two
+    forwards in test mode give the same loss: noise added to the logits
+    and to the loss (a noise that may drown the difference between a sum
+    and a mean).
 
-    def __init__(self):
-        super(NoisyLoss, self).__init__(sum_loss=False)
+    Args:
+        sum_loss (bool): The loss adds up over the examples (else a mean).
+        logit_noise (float): Standard deviation of the logits' noise.
+        loss_noise (float): Standard deviation of the loss's own noise.
+    """
+
+    def __init__(self, sum_loss=False, logit_noise=0.2, loss_noise=0.0):
+        super(NoisyLoss, self).__init__(sum_loss=sum_loss)
+        self.logit_noise = logit_noise
+        self.loss_noise = loss_noise
 
     def forward(self, x, t):
         h = self.predictor(x)
-        noise = F.gaussian(h, self.xp.zeros_like(h.array))
-        return F.softmax_cross_entropy(h + noise, t)
+        h = h + self.logit_noise * F.gaussian(h, self.xp.zeros_like(h.array))
+        loss = F.softmax_cross_entropy(h, t, reduce='no')
+        loss = F.sum(loss) if self.sum_loss else F.mean(loss)
+        if self.loss_noise:
+            zero = self.xp.zeros((), h.dtype)
+            loss = loss + self.loss_noise * F.gaussian(zero, zero)
+        return loss
+
+
+class SquaredMeanLoss(CountingClassifier):
+    """A deterministic loss that is neither a sum nor a mean over the
+    examples: the square of their mean."""
+
+    def __init__(self):
+        super(SquaredMeanLoss, self).__init__(sum_loss=False)
+
+    def forward(self, x, t):
+        loss = super(SquaredMeanLoss, self).forward(x, t)
+        return loss * loss
 
 
 class TypedReports(chainer.Chain):

@@ -152,9 +152,92 @@ def test_a_loss_that_cannot_be_told_is_refused(workers):
     assert 'gave the loss 0' in message
 
 
-def test_a_loss_drawing_random_numbers_in_test_mode_is_refused():
-    message = _refused(semantics_models.NoisyLoss(), 'neither matches')
-    assert 'F.gaussian' in message and 'their sum is' in message
+@pytest.mark.parametrize('sum_loss', [False, True])
+def test_a_loss_drawing_random_numbers_is_found_within_noise(capsys,
+                                                             sum_loss):
+    # F.gaussian draws in any mode: no two forwards agree exactly, but the
+    # whole batch's loss is far nearer the shares' mean (or sum) than the
+    # other. Process workers: each replica draws from its own seeded
+    # stream, so the run can be repeated exactly.
+    def run(reduction):
+        numpy.random.seed(1)
+        state = numpy.random.get_state()[1].copy()
+        params, _, updater = train(
+            semantics_models.NoisyLoss(sum_loss), lambda optimizer:
+            cgdp_chainer.CGDPUpdater(_iterator(), optimizer, ['@numpy'] * 2,
+                                     reduction=reduction))
+        # The probes' draws left the caller's state as it was.
+        numpy.testing.assert_array_equal(numpy.random.get_state()[1], state)
+        return params, updater
+
+    found, updater = run(None)
+    expected = 'sum' if sum_loss else 'mean'
+    assert updater.reduction == expected
+    line, = [line for line in capsys.readouterr().out.splitlines()
+             if line.startswith('CGDP reduction')]
+    assert line.startswith("CGDP reduction: {!r}, found within sampling "
+                           'noise'.format(expected))
+    assert 'a second forward on the whole batch' in line
+    # The probes' draws did not change the replicas' streams either: the
+    # same training as with the reduction given (which skips them).
+    given, _ = run(expected)
+    assert found.keys() == given.keys()
+    for name in found:
+        numpy.testing.assert_array_equal(found[name], given[name], name)
+
+
+def test_a_loss_whose_noise_drowns_sum_and_mean_is_refused():
+    # The loss's own noise (standard deviation 1000) is far larger than the
+    # loss: neither its distance to the shares' mean nor to their sum says
+    # anything.
+    numpy.random.seed(2)
+    message = _refused(semantics_models.NoisyLoss(loss_noise=1000.0),
+                       'within the sampling noise')
+    assert 'gave the loss' in message and 'their sum is' in message
+    assert 'a second forward on the whole batch' in message
+
+
+def test_a_deterministic_loss_that_is_neither_is_refused():
+    # Neither a sum nor a mean, and the same on a second draw: no noise to
+    # decide within.
+    message = _refused(semantics_models.SquaredMeanLoss(),
+                       'neither matches, and a second forward')
+    assert 'their sum is' in message
+
+
+def _noisy_comparison(whole, parts, counts):
+    comparison = observations.compare(whole, parts, counts)
+    assert comparison.kind == 'neither'
+    return comparison
+
+
+def test_within_noise_decides_by_the_nearer_kind_with_a_margin():
+    # Two shares of 50 examples of a mean loss (the VAE example's first
+    # batch): off the exact mean by noise, half the sum.
+    parts, counts = [583.84, 585.20], [50, 50]
+    mean = (parts[0] + parts[1]) / 2
+    noisy_mean = _noisy_comparison(mean + 0.6, parts, counts)
+    found = observations.within_noise(noisy_mean, mean - 0.5)
+    assert (found.kind, found.again) == ('mean', mean - 0.5)
+    noisy_sum = _noisy_comparison(2 * mean - 0.6, parts, counts)
+    assert observations.within_noise(noisy_sum, 2 * mean + 1).kind == 'sum'
+    # The same value again: deterministic, neither stays neither.
+    same = observations.within_noise(noisy_mean, noisy_mean.whole)
+    assert same.kind == 'neither' and same.again is None
+    # Two draws further apart than a quarter of the sum-mean distance: the
+    # nearness tells nothing.
+    margin = observations.NOISE_MARGIN * mean
+    wide = observations.within_noise(noisy_mean, noisy_mean.whole +
+                                     1.1 * margin)
+    assert wide.kind == 'neither' and wide.again is not None
+    # Nearer the mean, but not within the margin of it.
+    between = _noisy_comparison(mean + 1.1 * margin, parts, counts)
+    assert observations.within_noise(between, mean + 1.2 * margin).kind == \
+        'neither'
+    message = observations.reduction_refusal(wide)
+    assert 'within the sampling noise' in message
+    for value in (noisy_mean.whole, wide.again, mean):
+        assert '{:.7g}'.format(value) in message
 
 
 def test_the_dict_of_devices_keeps_parallel_updaters_sum():
@@ -194,6 +277,33 @@ def test_probe_forwards_leave_the_model_and_random_states_as_they_were():
     # Deterministic (dropout off): the same forward again gives the same.
     again, = observations.probe_forwards(model, loss, [x])
     numpy.testing.assert_array_equal(first.loss.array, again.loss.array)
+
+
+def test_probe_forwards_with_a_seed_draw_others_and_put_every_state_back():
+    model = chainer.links.Linear(6, 3)
+    model.generator = numpy.random.RandomState(5)
+    x = numpy.random.RandomState(0).normal(size=(4, 6)).astype(numpy.float32)
+    generator_state = model.generator.get_state()[1].copy()
+    global_state = numpy.random.get_state()[1].copy()
+
+    def loss(x):
+        # Draws from the global state and from a generator of the model's.
+        y = chainer.functions.gaussian(model(x), numpy.zeros(
+            (4, 3), numpy.float32))
+        return chainer.functions.sum(y) + model.generator.normal()
+
+    first, = observations.probe_forwards(model, loss, [x])
+    again, = observations.probe_forwards(model, loss, [x])
+    seeded, = observations.probe_forwards(model, loss, [x],
+                                          seed=numpy.arange(4))
+    numpy.testing.assert_array_equal(numpy.random.get_state()[1],
+                                     global_state)
+    numpy.testing.assert_array_equal(model.generator.get_state()[1],
+                                     generator_state)
+    # Each forward drew from the states as they were: the same draws; the
+    # seeded one drew others.
+    assert float(first.loss.array) == float(again.loss.array)
+    assert float(seeded.loss.array) != float(first.loss.array)
 
 
 @pytest.mark.gpu

@@ -12,7 +12,8 @@ backprop, everything they touch put back) on the whole batch and on each
 share say whether the whole batch's value is the sum of the shares' or
 their share-weighted mean (:func:`probe_forwards`, :func:`compare`,
 :class:`ReportKinds`). The same comparison on the loss the model returns
-tells the updater's reduction.
+tells the updater's reduction; for a loss that draws random numbers in
+every mode, within its sampling noise (:func:`within_noise`).
 
 Combined values keep the type the model reported: a Python ``int`` stays an
 ``int`` and a ``float`` a ``float``, a NumPy scalar a NumPy scalar of its
@@ -36,6 +37,21 @@ KINDS = ('sum', 'mean')
 # about the number of shares between a sum and a mean.
 RTOL = 1e-4
 RTOL_HALF = 1e-2  # float16 values, or chainer.config.dtype float16
+
+# How near the whole batch's loss must be to the shares' mean (or sum), and
+# how near two draws of it to each other, for a loss that draws random
+# numbers in every mode (see within_noise): a quarter of the distance
+# between the shares' mean and their sum. Within it, the loss is at least
+# three times nearer the kind chosen than the other; and since the noise,
+# measured by the two draws, is below it too, that nearness is no accident
+# of a noise as large as the distance: to pass for the wrong kind, a draw
+# would have to stray three quarters of the distance from its expected
+# value while the other draw lands within a quarter of it. A mean and a
+# sum over N equal shares differ by a factor of N (>= 2), so for a
+# positive loss the distance is at least the loss itself, where the
+# noise of a loss that trains is a small part of it (the VAE example's
+# two draws on a batch of 12 differ by under 2%).
+NOISE_MARGIN = 0.25
 
 
 class VariableValue(object):
@@ -94,7 +110,8 @@ def _is_integral(arrays):
 
 
 Comparison = collections.namedtuple(
-    'Comparison', ('kind', 'whole', 'parts', 'sum', 'mean'))
+    'Comparison', ('kind', 'whole', 'parts', 'sum', 'mean', 'again'),
+    defaults=(None,))
 Comparison.__doc__ = """The whole batch's value against its shares' values.
 
 Attributes:
@@ -105,6 +122,10 @@ Attributes:
         a value per example), or ``'unknown'`` (missing, or not a number).
     whole, parts: The values compared (as reported).
     sum, mean (numpy.ndarray or None): The shares' sum and weighted mean.
+    again: None, or (for a value that draws random numbers, see
+        :func:`within_noise`) the whole batch's value from a second forward
+        with other random numbers; ``kind`` was then decided within the
+        sampling noise.
 """
 
 
@@ -154,6 +175,68 @@ def compare(whole, parts, counts):
     kind = 'both' if is_sum and is_mean else 'sum' if is_sum else \
         'mean' if is_mean else 'neither'
     return Comparison(kind, whole, parts, added, mean)
+
+
+def within_noise(comparison, again):
+    """Decides a comparison that found neither kind, where the value draws
+    random numbers in every mode (a VAE's sampled ``z``, ``F.gaussian``, a
+    sampled negative set), without bit-equal forwards.
+
+    ``again`` is the whole batch's value from a second forward with other
+    random numbers. Equal to the first: the value is deterministic, and
+    neither stays neither. Otherwise the kind is the one the whole batch's
+    value is nearest, if it is within :data:`NOISE_MARGIN` of the distance
+    between the shares' mean and their sum, and the two draws are as near
+    each other (distances: Euclidean norms, over the elements of arrays).
+
+    Args:
+        comparison (Comparison): From :func:`compare`.
+        again: The whole batch's value from a second forward.
+
+    Returns:
+        Comparison: ``comparison`` itself where this does not apply (a
+        kind other than ``'neither'``, a deterministic value, ``again`` not
+        a finite number of the same shape); else ``comparison`` with
+        ``again`` set and ``kind`` ``'sum'``, ``'mean'`` or (the noise is
+        too large to tell) ``'neither'``.
+    """
+    if comparison.kind != 'neither':
+        return comparison
+    first, second = _numeric(comparison.whole), _numeric(again)
+    if second is None or second.shape != first.shape or \
+            numpy.array_equal(first, second) or \
+            not numpy.all(numpy.isfinite(second)):
+        return comparison
+    distances = noise_distances(comparison._replace(again=again))
+    margin = NOISE_MARGIN * distances['between']
+    kind = 'neither'
+    if distances['draws'] <= margin:
+        for candidate in KINDS:
+            if distances[candidate] <= margin:
+                kind = candidate
+    return comparison._replace(kind=kind, again=again)
+
+
+def noise_distances(comparison):
+    """The distances :func:`within_noise` decides by.
+
+    Args:
+        comparison (Comparison): One with ``again`` set.
+
+    Returns:
+        dict: ``'sum'`` and ``'mean'``: from the whole batch's value to the
+        shares' sum and weighted mean; ``'between'``: from that sum to that
+        mean; ``'draws'``: between the two draws on the whole batch.
+    """
+    def distance(a, b):
+        difference = numpy.asarray(a, numpy.float64) - \
+            numpy.asarray(b, numpy.float64)
+        return float(numpy.sqrt(numpy.sum(difference * difference)))
+    first = _numeric(comparison.whole)
+    return {'sum': distance(first, comparison.sum),
+            'mean': distance(first, comparison.mean),
+            'between': distance(comparison.sum, comparison.mean),
+            'draws': distance(first, _numeric(comparison.again))}
 
 
 def kind_by_type(value):
@@ -428,21 +511,26 @@ Attributes:
 """
 
 
-def probe_forwards(link, loss_func, inputs_list):
+def probe_forwards(link, loss_func, inputs_list, seed=None):
     """Forwards of ``link`` that leave no trace, for the first iteration's
     comparisons.
 
     Each runs with ``chainer.config.train`` False (dropout off,
     BatchNormalization on its statistics: deterministic) and backprop off,
     in a private reporter, from the same state: after each, every link's
-    attributes and persistent values are put back; after all, NumPy's
-    global random state and Python's ``random`` state too, so that the
-    training that follows is the one without these forwards.
+    attributes and persistent values (and the states of random generators
+    held as its attributes) are put back; after all, NumPy's global random
+    state and Python's ``random`` state too, so that the training that
+    follows is the one without these forwards.
 
     Args:
         link (chainer.Link): The master model.
         loss_func (callable or None): The loss function (default: ``link``).
         inputs_list (list): Converted inputs, one forward each.
+        seed (numpy.ndarray or None): If given, NumPy's global random state
+            and Python's ``random`` are seeded from it for these forwards
+            (a model that draws random numbers then draws others than from
+            the caller's state); either way both are put back after.
 
     Returns:
         list of Forward: One per inputs.
@@ -450,6 +538,9 @@ def probe_forwards(link, loss_func, inputs_list):
     saved = _LinkState(link)
     numpy_state = numpy.random.get_state()
     python_state = random.getstate()
+    if seed is not None:
+        numpy.random.seed(seed)
+        random.seed(int(seed[0]))
     reporter = chainer.Reporter()
     reporter.add_observer('main', link)
     reporter.add_observers('main', link.namedlinks(skipself=True))
@@ -478,7 +569,10 @@ def probe_forwards(link, loss_func, inputs_list):
 
 class _LinkState(object):
     """Every link's attributes (what a forward may rebind: an RNN's state,
-    a Classifier's ``y`` and ``loss``) and its persistent arrays' values."""
+    a Classifier's ``y`` and ``loss``), its persistent arrays' values and
+    the states of the NumPy random generators it holds (which a forward
+    advances in place; the replicas are copied from the master after the
+    probes and must draw what they would have drawn without them)."""
 
     def __init__(self, link):
         self._links = []
@@ -487,14 +581,36 @@ class _LinkState(object):
                       for name, value in sublink.__dict__.items()
                       if name in sublink._persistent and
                       isinstance(value, numpy.ndarray)}
-            self._links.append((sublink, dict(sublink.__dict__), arrays))
+            generators = [(value, _generator_state(value)) for value in
+                          sublink.__dict__.values()
+                          if _generator_state(value) is not None]
+            self._links.append((sublink, dict(sublink.__dict__), arrays,
+                                generators))
 
     def restore(self):
-        for sublink, attributes, arrays in self._links:
+        for sublink, attributes, arrays, generators in self._links:
             sublink.__dict__.clear()
             sublink.__dict__.update(attributes)
             for name, value in arrays.items():
                 sublink.__dict__[name][...] = value
+            for generator, state in generators:
+                _set_generator_state(generator, state)
+
+
+def _generator_state(value):
+    """The state of a NumPy random generator, or None for anything else."""
+    if isinstance(value, numpy.random.RandomState):
+        return value.get_state()
+    if isinstance(value, numpy.random.Generator):
+        return value.bit_generator.state
+    return None
+
+
+def _set_generator_state(generator, state):
+    if isinstance(generator, numpy.random.RandomState):
+        generator.set_state(state)
+    else:
+        generator.bit_generator.state = state
 
 
 def _number_words(value):
@@ -509,16 +625,35 @@ def _number_words(value):
 
 def describe_loss(comparison):
     """The first iteration's comparison of the loss in words: the whole
-    batch's loss, the shares', their sum and their weighted mean."""
-    return ('a forward of the model (chainer.config.train False) on the '
-            'whole batch gave the loss {}, on the {} shares {}: their sum '
-            'is {}, their mean weighted by their examples {}'.format(
-                _number_words(comparison.whole), len(comparison.parts),
-                ', '.join(_number_words(part) for part in comparison.parts),
-                _number_words(comparison.sum)
-                if comparison.sum is not None else '-',
-                _number_words(comparison.mean)
-                if comparison.mean is not None else '-'))
+    batch's loss, the shares', their sum and their weighted mean; and, if
+    it was decided within the sampling noise, the second draw and the
+    distances (see :func:`within_noise`).
+
+    Args:
+        comparison (Comparison): The loss's comparison.
+    """
+    words = ('a forward of the model (chainer.config.train False) on the '
+             'whole batch gave the loss {}, on the {} shares {}: their sum '
+             'is {}, their mean weighted by their examples {}'.format(
+                 _number_words(comparison.whole), len(comparison.parts),
+                 ', '.join(_number_words(part) for part in comparison.parts),
+                 _number_words(comparison.sum)
+                 if comparison.sum is not None else '-',
+                 _number_words(comparison.mean)
+                 if comparison.mean is not None else '-'))
+    if comparison.again is None:
+        return words
+    distances = noise_distances(comparison)
+    return ('{}; a second forward on the whole batch, with other random '
+            'numbers, gave {}: the loss draws random numbers in test mode. '
+            'It is {:.4g} from the shares\' mean and {:.4g} from their sum '
+            '({:.4g} apart), its two draws {:.4g} apart; a reduction is '
+            'found where the loss is within {:g} of the sum-mean distance '
+            '({:.4g}) of one and the two draws are as near each '
+            'other'.format(
+                words, _number_words(comparison.again), distances['mean'],
+                distances['sum'], distances['between'], distances['draws'],
+                NOISE_MARGIN, NOISE_MARGIN * distances['between']))
 
 
 _REDUCTION_CHOICES = (
@@ -555,14 +690,18 @@ def reduction_refusal(comparison, other_ranks=False, failure=None):
         why = ('{}: both match (e.g. zero losses), so whether the loss adds '
                'up over the examples or averages them cannot be told'.format(
                    describe_loss(comparison)))
+    elif comparison.kind == 'neither' and comparison.again is not None:
+        why = ('{}. Neither matches within the sampling noise: it is too '
+               'large against the distance between the shares\' sum and '
+               'mean to tell them apart'.format(describe_loss(comparison)))
     elif comparison.kind == 'neither':
-        why = ('{}: neither matches. The loss is neither a sum nor a mean '
-               'over the examples (a mean over the tokens of sequences of '
-               'different lengths, say: then neither reduction gives '
-               "StandardUpdater's result exactly), or the model's forward "
-               'is not deterministic with chainer.config.train False (it '
-               'draws random numbers, as F.gaussian does in any mode)'.format(
-                   describe_loss(comparison)))
+        why = ('{}: neither matches, and a second forward on the whole '
+               'batch gave the same loss. The loss is neither a sum nor a '
+               'mean over the examples (a mean over the tokens of sequences '
+               'of different lengths, say: then neither reduction gives '
+               "StandardUpdater's result exactly), or its forward draws "
+               'random numbers from a generator of its own, which drew the '
+               'same again'.format(describe_loss(comparison)))
     elif comparison.kind == 'shapes':
         why = ('the loss is an array whose shape follows the batch ({} on '
                'the whole batch, {} on the shares)'.format(

@@ -13,6 +13,14 @@ process maps them from shared memory, a thread replica shares the master's
 arrays, as its host-resident transfer does anyway; gradients and update
 rules are left out too.
 
+What the model's functions reach and a worker can import travels by
+reference: modules, functions and classes of importable modules
+(cloudpickle's own rule), and any other object that ``sys.modules`` holds,
+such as ``six.moves``, a lazily loaded module object of a class of its own
+(:func:`module_names`); by value only what must travel. What cannot be
+pickled at all is refused naming the path to it
+(:func:`path_to_unpicklable`).
+
 What a copy by value cannot fix, a function copied by reference (one
 defined at module level of an importable module) whose globals name the
 master, is found by :func:`check_no_master_references` and refused before
@@ -49,6 +57,7 @@ class _ReplicaPickler(cloudpickle.Pickler):
 
         # Metaclass -> an importable class made with it (see reducer_override).
         self._made_with = {}
+        self._module_names = module_names()
 
     def reducer_override(self, obj):
         # cloudpickle rebuilds a class defined in __main__ or in a function
@@ -61,6 +70,10 @@ class _ReplicaPickler(cloudpickle.Pickler):
             # Its __reduce__ refuses lambdas among its layers, which only
             # the standard pickle cannot carry: the default reduction.
             return copyreg.__newobj__, (type(obj),), vars(obj)
+        if type(obj) is not types.ModuleType:  # cloudpickle's own rule
+            module_name = self._module_names.get(id(obj))
+            if module_name is not None:
+                return import_by_name, (module_name,)
         if isinstance(obj, type):
             if issubclass(obj, type):
                 made_with = self._made_with.get(id(obj))
@@ -87,6 +100,48 @@ class _ReplicaPickler(cloudpickle.Pickler):
             # master's own calls built stays the master's.
             return ('none',)
         return None
+
+
+def module_names():
+    """``id(obj) -> name`` for every object that ``sys.modules`` holds
+    under a name that a worker process can import it by.
+
+    cloudpickle pickles objects of exactly ``types.ModuleType`` by
+    reference, but not module objects of classes of their own (lazily
+    loaded ones: ``six.moves`` is a ``six._MovedItems``, which cloudpickle
+    reaches through the globals of a function that uses
+    ``six.moves.zip``, and then cannot pickle), nor other objects that a
+    library puts in ``sys.modules``. The worker imports them by name
+    (:func:`import_by_name`). Left out: ``__main__`` (the script, whose
+    functions and classes travel by value) and modules registered with
+    ``cloudpickle.register_pickle_by_value``.
+
+    Returns:
+        dict: From ``id`` to the name, the object's own ``__name__`` where
+        ``sys.modules`` holds it under that name.
+    """
+    by_value = cloudpickle.list_registry_pickle_by_value()
+    names = {}
+    for name, obj in list(sys.modules.items()):
+        if obj is None or name in ('__main__', '__mp_main__') or any(
+                name == root or name.startswith(root + '.')
+                for root in by_value):
+            continue
+        own = getattr(obj, '__name__', None)
+        if id(obj) not in names or name == own:
+            names[id(obj)] = name
+    return names
+
+
+def import_by_name(name):
+    """The object that ``sys.modules`` holds under ``name`` once it is
+    imported (``__import__`` returns the top-level package instead).
+
+    Args:
+        name (str): A name from :func:`module_names`.
+    """
+    __import__(name)
+    return sys.modules[name]
 
 
 def _importable(cls):
@@ -131,13 +186,80 @@ def pickle_replica(master, loss_func, master_params):
     try:
         _ReplicaPickler(buffer, master_params).dump((master, loss_func))
     except Exception as error:
+        found = path_to_unpicklable(
+            [('the model', master), ('loss_func', loss_func)], master_params)
         raise ValueError(
-            "the model cannot be pickled for workers='process' ({}: {}). "
+            "the model cannot be pickled for workers='process' ({}: {}{}). "
             'Lambdas, closures and local classes are fine; keep no open '
             'files, locks, weak references or other live resources in it; '
-            "or pass workers='thread'".format(type(error).__name__,
-                                              error)) from error
+            "or pass workers='thread'".format(
+                type(error).__name__, error,
+                '' if found is None else '; at {}, a {}'.format(
+                    found[0], type(found[1]).__name__))) from error
     return buffer.getvalue()
+
+
+def _pickles(obj, master_params):
+    """Whether :func:`pickle_replica`'s pickler can pickle ``obj``."""
+    try:
+        _ReplicaPickler(io.BytesIO(), master_params).dump(obj)
+    except Exception:
+        return False
+    return True
+
+
+def path_to_unpicklable(roots, master_params):
+    """The path to an object that cannot be pickled, and the object: from
+    the first root that cannot, down through the first of its attributes,
+    items, closure variables and globals (and its class, if that travels by
+    value) that cannot either, until none of them fails: the object itself
+    is the one (or, for a function, what cloudpickle adds to its globals,
+    such as the submodules it uses).
+
+    Only called once pickling failed: each step pickles the candidates
+    again, so it costs a few pickles of parts of the model.
+
+    Args:
+        roots (list): ``(name, object)`` pairs, as the paths begin.
+        master_params (dict): As for :func:`pickle_replica`.
+
+    Returns:
+        tuple or None: ``(path, object)``, or None if every root pickles.
+    """
+    candidates = roots
+    found = None
+    seen = set()
+    while True:
+        failing = next(((path, obj) for path, obj in candidates
+                        if id(obj) not in seen and
+                        not isinstance(obj, _TRIVIAL) and
+                        not _pickles(obj, master_params)), None)
+        if failing is None:
+            return found
+        found = failing
+        path, obj = failing
+        seen.add(id(obj))
+        candidates = [(path + step, child)
+                      for step, child in _pickled_children(obj)]
+
+
+# What always pickles: not worth a try when looking for what does not.
+_TRIVIAL = (str, bytes, int, float, complex, bool, type(None), numpy.ndarray,
+            numpy.generic, numpy.dtype)
+
+
+def _pickled_children(obj):
+    """What pickling ``obj`` pickles with it, as ``(step, child)``: its
+    references (see :func:`_children`), a class's attributes, and the class
+    of an instance if the class travels by value."""
+    if isinstance(obj, type):
+        return [('.' + name, value) for name, value in vars(obj).items()]
+    children = list(_children(obj))
+    if not isinstance(obj, (types.FunctionType, types.MethodType)) and \
+            not _importable(type(obj)):
+        children.append((' (class {})'.format(type(obj).__qualname__),
+                         type(obj)))
+    return children
 
 
 def load_replica(replica_bytes, master_arrays):

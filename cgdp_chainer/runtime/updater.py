@@ -228,13 +228,17 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             statistics and NumPy's random state as they were) on the whole
             batch and on each device's share say whether the whole batch's
             loss is the shares' sum or their weighted mean; a line of the
-            log says what was found. Where that cannot be told (both match,
-            as zero losses do; neither does, as with a model that draws
-            random numbers in test mode or a loss that is neither) the
-            first ``update()`` raises a ``ValueError`` naming the values
-            and asking for ``reduction``; under MPI every rank must find
-            the same. ``updater.reduction`` holds the choice (None until
-            then).
+            log says what was found. Where neither matches, a second
+            forward on the whole batch with other random numbers tells a
+            loss that draws random numbers in every mode (a VAE's), which
+            is then decided within its sampling noise (see
+            :func:`~cgdp_chainer.runtime.observations.within_noise`; the
+            log says so). Where it cannot be told (both match, as zero
+            losses do; neither does, with the same loss twice or with a
+            noise too large; the forwards raise) the first ``update()``
+            raises a ``ValueError`` naming the values and asking for
+            ``reduction``; under MPI every rank must find the same.
+            ``updater.reduction`` holds the choice (None until then).
         converter: Converter for each device's share of the batch; it is
             called in this process with the CPU device, and the arrays are
             sent to the replica's device there. It may return arrays and
@@ -915,6 +919,11 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         """Runs the comparisons' forwards; learns each reported key's kind
         (with two devices or more) and compares the loss.
 
+        Args:
+            batch (Batch): The first batch.
+            parts (list): The converted inputs of each share.
+            counts (list of int): Each share's examples.
+
         Returns:
             tuple: ``(comparison, failure)``: the loss's
             :class:`~cgdp_chainer.runtime.observations.Comparison`, or None
@@ -943,8 +952,37 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self._say('CGDP reported values, combined over the {} replicas '
                       'as the whole batch reports them: {}'.format(
                           n, self._report_kinds.describe(whole.observation)))
-        return observations.compare(whole.loss, [f.loss for f in shares],
-                                    counts), None
+        comparison = observations.compare(
+            whole.loss, [f.loss for f in shares], counts)
+        if comparison.kind != 'neither' or self.reduction is not None:
+            return comparison, None
+        return self._decide_within_noise(batch, comparison)
+
+    def _decide_within_noise(self, batch, comparison):
+        """A second draw of the whole batch's loss, for a comparison that
+        found neither: it tells a loss that draws random numbers in test
+        mode (a VAE's) from one that is neither a sum nor a mean, and
+        decides the first within its noise
+        (:func:`~cgdp_chainer.runtime.observations.within_noise`).
+
+        The forward draws from a stream of its own (repeatable under a
+        seeded script); the caller's random states are put back after it.
+
+        Args:
+            batch (Batch): The first batch.
+            comparison (Comparison): The exact comparison of the loss.
+
+        Returns:
+            tuple: As for :meth:`_probe`.
+        """
+        try:
+            again, = observations.probe_forwards(
+                self.get_optimizer('main').target, self.loss_func,
+                [_copied(batch.whole_inputs)],
+                seed=randomness.probe_words(self._random_base))
+        except Exception as error:
+            return None, error
+        return observations.within_noise(comparison, again.loss), None
 
     def _agree_on_reduction(self, comparison, failure=None):
         """The reduction the loss's comparison found, the same on every MPI
@@ -966,9 +1004,11 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             low = self._allreducer.allreduce_int(code, op='min')
             high = self._allreducer.allreduce_int(code, op='max')
         if low == high and code:
-            self._say('CGDP reduction: {!r}, found at the first iteration: '
-                      '{} (reduction= skips this check)'.format(
-                          found, observations.describe_loss(comparison)))
+            self._say('CGDP reduction: {!r}, found {}at the first '
+                      'iteration: {} (reduction= skips this check)'.format(
+                          found, 'within sampling noise '
+                          if comparison.again is not None else '',
+                          observations.describe_loss(comparison)))
             return found
         raise ValueError(observations.reduction_refusal(
             comparison, other_ranks=code != 0,

@@ -45,29 +45,3 @@ class TinyConvNet(chainer.Chain):
         chainer.report({'loss': loss, 'accuracy': F.accuracy(y, t)}, self)
         return loss
 
-
-class CRF(chainer.Chain):
-    """The tagger of Chainer 7.8.1's examples/pos/postagging.py: a mean
-    loss over the sentences, and integer counts of the correct tags and of
-    all tags, reported for MicroAverage."""
-
-    def __init__(self, n_vocab, n_pos):
-        super(CRF, self).__init__()
-        with self.init_scope():
-            self.feature = L.EmbedID(n_vocab, n_pos)
-            self.crf = L.CRF1d(n_pos)
-
-    def forward(self, xs, ys):
-        hs = [self.feature(x) for x in xs]
-        loss = self.crf(hs, ys, transpose=True)
-        chainer.reporter.report({'loss': loss}, self)
-
-        _, predict = self.crf.argmax(hs, transpose=True)
-        correct = 0
-        total = 0
-        for y, p in zip(ys, predict):
-            correct += self.xp.sum(y == p)
-            total += len(y)
-        chainer.reporter.report({'correct': correct}, self)
-        chainer.reporter.report({'total': total}, self)
-        return loss

@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Chainer 7.8.1's examples/pos/postagging.py in its shape (a CRF tagger
-reporting integer counts that MicroAverage divides, a converter returning
+defined in the script, whose forward loops over ``six.moves.zip`` and
+reports integer counts that MicroAverage divides, a converter returning
 lists of sentences of different lengths, an Evaluator), on small synthetic
 sentences instead of the Brown corpus, with the one-line switch to CGDP
 (``--updater cgdp`` over ``--devices``). The iterator keeps its order
@@ -12,11 +13,48 @@ import os
 
 import chainer
 from chainer import datasets
+import chainer.links as L
+from chainer import reporter
 from chainer import training
 from chainer.training import extensions
 import numpy
+import six
 
-import example_models
+
+class CRF(chainer.Chain):
+
+    def __init__(self, n_vocab, n_pos):
+        super(CRF, self).__init__()
+        with self.init_scope():
+            self.feature = L.EmbedID(n_vocab, n_pos)
+            self.crf = L.CRF1d(n_pos)
+
+    def forward(self, xs, ys):
+        # h[i] is feature vector for each batch of words.
+        hs = [self.feature(x) for x in xs]
+        loss = self.crf(hs, ys, transpose=True)
+        reporter.report({'loss': loss}, self)
+
+        # To predict labels, call argmax method.
+        _, predict = self.crf.argmax(hs, transpose=True)
+        correct = 0
+        total = 0
+        # six.moves is a lazily loaded module object (six._MovedItems),
+        # reached through this function's globals: worker processes import
+        # it by name.
+        for y, p in six.moves.zip(ys, predict):
+            # NOTE y is ndarray because
+            # it does not pass to transpose_sequence
+            correct += self.xp.sum(y == p)
+            total += len(y)
+        reporter.report({'correct': correct}, self)
+        reporter.report({'total': total}, self)
+
+        return loss
+
+    def argmax(self, xs):
+        hs = [self.feature(x) for x in xs]
+        return self.crf.argmax(hs, transpose=True)
 
 
 @chainer.dataset.converter()
@@ -59,7 +97,7 @@ def main():
     device.use()
 
     numpy.random.seed(0)  # the weights
-    model = example_models.CRF(n_vocab, n_pos)
+    model = CRF(n_vocab, n_pos)
     model.to_device(device)
 
     optimizer = chainer.optimizers.Adam()

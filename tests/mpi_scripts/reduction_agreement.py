@@ -6,6 +6,8 @@ the default reduction, which each finds from its own batch (on one device,
 on two halves of it). With the same summed loss on every rank, all find
 ``'sum'``; with a summed loss on rank 0 and a mean on the others, every
 rank's first ``update()`` raises a ValueError (none waits for the others).
+The same with losses that draw random numbers in every mode, which each
+rank decides within its sampling noise.
 """
 import os
 import sys
@@ -22,8 +24,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
 import semantics_models  # NOQA: E402
 
 
-def first_update(comm, sum_loss):
-    model = semantics_models.CountingClassifier(sum_loss)
+def first_update(comm, sum_loss, noisy=False):
+    model = semantics_models.NoisyLoss(sum_loss) if noisy else \
+        semantics_models.CountingClassifier(sum_loss)
     optimizer = chainer.optimizers.SGD()
     optimizer.setup(model)
     iterator = chainer.iterators.SerialIterator(
@@ -49,6 +52,13 @@ def main():
     assert 'cannot tell' in refused, refused
     if rank == 0:
         assert "this MPI rank found 'sum'" in refused, refused
+    agreed = first_update(comm, sum_loss=False, noisy=True)
+    assert agreed == 'mean', agreed
+    refused = first_update(comm, sum_loss=rank == 0, noisy=True)
+    assert 'cannot tell' in refused, refused
+    if rank == 0:
+        assert "this MPI rank found 'sum'" in refused, refused
+        assert 'a second forward on the whole batch' in refused, refused
     _common.report_ok(comm, 'reduction')
 
 
