@@ -10,6 +10,7 @@ import numpy
 import pytest
 
 import cgdp_chainer
+from cgdp_chainer import mpi as cgdp_mpi
 from cgdp_chainer.runtime.accumulator import optimizer_hooks
 from test_mpi import assert_ok, mpiexec, run_mpi  # NOQA: F401 (fixture)
 
@@ -72,6 +73,21 @@ def test_a_communicator_of_another_type_is_refused():
     with pytest.raises(ValueError, match='ChainerMN communicator or an '
                        'mpi4py communicator'):
         cgdp_chainer.create_multi_node_optimizer(_optimizer(), 'world')
+
+
+def test_a_lone_rank_of_a_multi_rank_launch_is_refused():
+    # The launcher (Open MPI's variables) started 2 ranks, but this
+    # process's MPI holds it alone (another MPI library: a singleton).
+    from cgdp_chainer.runtime import multi_node_optimizer
+    with pytest.raises(ValueError, match='one of 2 ranks') as error:
+        multi_node_optimizer._refuse_lone_rank(
+            1, cgdp_mpi.launcher_size(
+                {'OMPI_COMM_WORLD_SIZE': '2', 'OMPI_COMM_WORLD_RANK': '0'}))
+    assert '.venv/bin/mpiexec' in str(error.value)
+    for size, environ in ((1, {}), (2, {'PMI_SIZE': '2'}),
+                          (1, {'PMI_SIZE': '1'})):
+        multi_node_optimizer._refuse_lone_rank(
+            size, cgdp_mpi.launcher_size(environ))  # taken
 
 
 def test_attributes_pass_through_to_the_actual_optimizer():

@@ -62,6 +62,7 @@ from cgdp_chainer.mpi.launch import init_mpi  # NOQA
 from cgdp_chainer.mpi.launch import LAUNCH_VARIABLES  # NOQA
 from cgdp_chainer.mpi.launch import launch_rank_and_size  # NOQA
 from cgdp_chainer.mpi.launch import launched_with_mpi  # NOQA
+from cgdp_chainer.mpi.launch import launcher_size  # NOQA
 from cgdp_chainer.mpi.launch import node_ranks  # NOQA
 from cgdp_chainer.mpi.launch import thread_level_name  # NOQA
 from cgdp_chainer.mpi.launch import world  # NOQA

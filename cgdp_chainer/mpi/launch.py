@@ -154,6 +154,22 @@ RANK_AND_SIZE_VARIABLES = (('PMI_RANK', 'PMI_SIZE'),
                            ('SLURM_PROCID', 'SLURM_NTASKS'))
 
 
+def launcher_size(environ=None):
+    """The number of ranks that the launcher's variables say it started
+    (None where none says), whatever MPI itself reports: a process whose
+    MPI library is not the launcher's starts as a rank of its own.
+
+    Args:
+        environ (dict or None): The environment; ``os.environ`` if ``None``.
+    """
+    environ = os.environ if environ is None else environ
+    for _, size_name in RANK_AND_SIZE_VARIABLES:
+        size = environ.get(size_name)
+        if size and size.isdigit():
+            return int(size)
+    return None
+
+
 def launch_rank_and_size(environ=None):
     """This process's rank and the number of ranks of its MPI launch.
 

@@ -121,7 +121,22 @@ def create_multi_node_optimizer(actual_optimizer, communicator,
         raise ValueError(
             'communicator must be a ChainerMN communicator or an mpi4py '
             'communicator; got {!r}'.format(communicator))
+    _refuse_lone_rank(comm.Get_size(), mpi.launcher_size())
     return MultiNodeOptimizer(actual_optimizer, communicator, options)
+
+
+def _refuse_lone_rank(size, launched):
+    """Refuses a communicator of one process where the launcher started
+    more: each process would train alone, silently."""
+    if size == 1 and launched is not None and launched > 1:
+        raise ValueError(
+            'this process is one of {} ranks that an MPI launcher started, '
+            'but its communicator holds it alone: the MPI library behind '
+            'mpi4py is not the launcher\'s, so every process started MPI '
+            'by itself and would train a model of its own. Launch with the '
+            'mpiexec of mpi4py\'s MPI (the venv\'s .venv/bin/mpiexec; '
+            'python -c "import mpi4py; print(mpi4py.get_config())" names '
+            'it)'.format(launched))
 
 
 class _Options(object):
