@@ -166,16 +166,19 @@ def test_unattended_updates_leave_param_grad_unwritten(workers):
         updater.update()
         updater.update()
         assert updater.grads_written == 2
-        before = {name: p.grad.copy() for name, p in model.namedparams()}
+        # Two replicas: the fused update of the second stored the sum.
+        stored = updater._accumulator.fused_grad_writes
+        assert stored > 0
         with updater.unattended():
             updater.update()
             updater.update()
         assert updater.grads_written == 2
-        for name, p in model.namedparams():
-            # The fused update did not touch the master's gradients.
-            numpy.testing.assert_array_equal(p.grad, before[name], name)
+        # The fused update stored no gradient (param.grad, the first
+        # replica's slot, holds that replica's own gradient meanwhile).
+        assert updater._accumulator.fused_grad_writes == stored
         updater.update()
         assert updater.grads_written == 3
+        assert updater._accumulator.fused_grad_writes > stored
     finally:
         updater.finalize()
 
@@ -245,3 +248,51 @@ def test_gradient_classification_by_exact_type():
                extensions.observe_value('x', lambda t: 0), lambda t: None]
     for extension in readers:
         assert master.reads_gradients(extension), extension
+
+
+def first_slots(updater):
+    """The first replica's flat gradient slots (no reference kept: the
+    shared memory is freed only once nothing maps it)."""
+    return updater._accumulator.transfers[0].slot_buffer
+
+
+HOOKS = {'none': list,
+         'weight_decay': lambda: [optimizer_hooks.WeightDecay(1e-2)]}
+
+
+@pytest.mark.parametrize('workers', equivalence.WORKERS)
+@pytest.mark.parametrize('n', [1, 2])
+@pytest.mark.parametrize('optimizer,hooks', [
+    ('momentum', 'none'), ('momentum', 'weight_decay'),
+    ('adagrad', 'weight_decay')])
+def test_param_grad_is_a_view_of_the_first_slot(workers, n, optimizer,
+                                                 hooks):
+    """The reduced gradient lies in the first replica's slot, which
+    param.grad views: equal to StandardUpdater's after every update, and
+    stored by the fused update only where the slot was not already it (one
+    replica without a hook copies nothing); after finalize() it stays."""
+    setup_optimizer = setup(optimizer, HOOKS[hooks])
+    want, _ = grads_per_update(equivalence.standard, setup_optimizer)
+    model = L.Classifier(staged_models.StagedMLP())
+    iterator = chainer.iterators.SerialIterator(
+        staged_models.dataset(), 6, shuffle=False)
+    updater = equivalence.cgdp(n, chunk_size=1, workers=workers)(
+        iterator, setup_optimizer(model))
+    got = []
+    try:
+        for _ in range(len(want)):
+            updater.update()
+            got.append({name: numpy.array(p.grad)
+                        for name, p in model.namedparams()})
+            for name, p in model.namedparams():
+                assert numpy.shares_memory(p.grad, first_slots(updater)), \
+                    name
+        stored = updater._accumulator.fused_grad_writes
+    finally:
+        updater.finalize()
+    assert_same_grads(want, got)
+    fused = optimizer != 'adagrad'
+    assert (stored > 0) == (fused and (n > 1 or hooks != 'none'))
+    # Taken out of the replicas' (shared) memory as it was freed.
+    for name, p in model.namedparams():
+        numpy.testing.assert_array_equal(p.grad, got[-1][name], name)

@@ -99,10 +99,18 @@ class HostAccumulator(object):
     ``param.grad`` holds the gradient its update used, as
     ``StandardUpdater`` leaves it: reduced over the devices with the
     reduction's weights (and over the MPI ranks), after the optimizer's
-    pre-update hooks, divided by the loss scale where one is set. The
-    arrays are the accumulator's own (never a device's slot). With
-    ``write_grads=False`` the fused update does not write them, and
-    ``param.grad`` may be a device's slot or an earlier gradient.
+    pre-update hooks, divided by the loss scale where one is set, in an
+    array that nothing writes before the next ``update()`` starts. Without
+    MPI that array is a view of the first device's slot: the reduction
+    writes the gradient over the slot's values as it reads them (no second
+    buffer to fetch into the cache), and where the slot already is the
+    gradient (one device, no hook or loss scale that changes it in a fused
+    run) nothing is written at all. A replica writes its slots only while
+    an ``update()`` runs, so the view holds until the next one starts,
+    where ``StandardUpdater``'s ``cleargrads()`` would drop its gradient
+    too. Under MPI the arrays are the accumulator's own. With
+    ``write_grads=False`` the fused update does not write the gradient,
+    and ``param.grad`` may be a device's slot or an earlier gradient.
 
     If the optimizer has a hook that needs the whole gradient (such as
     :class:`chainer.optimizer_hooks.GradientClipping`), or uses dynamic loss
@@ -158,8 +166,9 @@ class HostAccumulator(object):
                     'of the model (or give its layers input sizes) before '
                     'building the updater'.format(name))
         self._layout = master.layout
-        # The master's own gradient arrays, never a device's slot, so that
-        # what an update leaves in param.grad stays until the next one.
+        # The master's own gradient arrays: param.grad until the first
+        # update and after a relayout (later, without MPI, the first slot
+        # holds it), and under MPI the cross-rank sum's buffer.
         if grad_buffer is None:
             self._grad_buffer = buffers.host_buffer(self._layout.capacity)
             self._grads = self._layout.views(self._grad_buffer)
@@ -178,11 +187,16 @@ class HostAccumulator(object):
         self.deferred_update = self._whole_gradient
         self._warned_dynamic = False
         self._write_grads = True
+        # Whether the one device's slot is the reduced gradient (before
+        # the hooks and the loss scale): set by start_iteration.
+        self._slot_is_sum = False
         self._loss_scale = None
         self._hook_program = None
         self.grads_written = 0
         # Fused update calls so far: one per run of a chunk's slice.
         self.fused_calls = 0
+        # Those of them that stored their gradient (for param.grad).
+        self.fused_grad_writes = 0
         if self._whole_gradient:
             warnings.warn(
                 'optimizer hook(s) {} need the whole gradient: CGDP reduces '
@@ -241,9 +255,12 @@ class HostAccumulator(object):
             return
         self._state.relayout(layout)
         self._layout = layout
+        # The last update's gradients, wherever they are (a lent slot is
+        # viewed by the old layout until the slots are viewed anew below).
         self._grads = buffers.place(
             layout, self._grad_buffer,
-            {name: grad.copy() for name, grad in self._grads.items()})
+            {name: self._gradient_of(name).copy()
+             for name in self.master_params})
         for name, param in self.master_params.items():
             param.grad = self._grads[name]
         self._slot_views = [layout.views(t.slot_buffer)
@@ -285,6 +302,9 @@ class HostAccumulator(object):
             self._weights = [1.0] * len(self.transfers)
         else:
             self._weights = list(shares)
+        self._slot_is_sum = (len(self.transfers) == 1 and
+                             self.allreducer is None and
+                             self._weights[0] == 1.0)
         self._hook_program = None
         if self._host_update is not None:
             self._hook_program = self._host_update.hooks(
@@ -430,9 +450,8 @@ class HostAccumulator(object):
         A run is a stretch of the chunk's slice whose parameters the fused
         rule takes (see :meth:`FusedRule.fuses`) with equal scalars
         (:meth:`FusedRule.run_key`); their state is moved into the flat
-        state buffers, their gradients are the accumulator's views.
+        state buffers.
         """
-        self._own_grads(names)
         host_update = self._host_update
         if host_update is None or self._hook_program is None or not names:
             return _ChunkProgram([], list(names))
@@ -464,10 +483,35 @@ class HostAccumulator(object):
     def _own_grads(self, names):
         """Makes ``param.grad`` of ``names`` the accumulator's views again
         (where a slot was lent, or user code set another array)."""
+        self._point_grads(names, self._grads)
+
+    def _point_grads(self, names, views):
+        """Makes ``param.grad`` of ``names`` their arrays of ``views``
+        (the accumulator's gradients or a slot's views)."""
+        params = self.master_params
         for name in names:
-            param = self.master_params[name]
-            if param.grad is not self._grads[name]:
-                param.grad = self._grads[name]
+            param, view = params[name], views[name]
+            # Chainer's setter checks the array: skip it where it is set.
+            if param.grad is not view:
+                param.grad = view
+
+    def _slot_is_gradient(self):
+        """Whether the first device's slot already holds the gradient a
+        fused update uses: one device with weight 1 (no MPI), and no hook
+        or loss scale that changes it."""
+        return self._slot_is_sum and self._hook_program[0].size == 0
+
+    def _gradient_of(self, name):
+        """The array that holds the last update's gradient of ``name``:
+        ``param.grad`` where it is an array of the parameter's shape and
+        dtype (a lent slot, or what Chainer's rule left), else the
+        accumulator's own."""
+        param = self.master_params[name]
+        grad, own = param.grad, self._grads[name]
+        if type(grad) is numpy.ndarray and grad.shape == own.shape and \
+                grad.dtype == own.dtype:
+            return grad
+        return own
 
     def fused_parameters(self):
         """The parameters that the next update of each chunk fuses (the
@@ -479,20 +523,22 @@ class HostAccumulator(object):
         return names
 
     def _reduce(self, names):
-        """Reduces the devices' slots of ``names`` into ``param.grad`` (the
-        parameters that Chainer's rules update)."""
+        """Reduces the devices' slots of ``names`` into the first device's
+        slot, which becomes ``param.grad`` (the parameters that Chainer's
+        rules update; their hooks and the loss scale's division then
+        change it in place, as they would any gradient)."""
+        first = self._slot_views[0]
+        self._point_grads(names, first)
+        if self._slot_is_sum:
+            return  # one device: its slot is the sum already
         weights = self._weights
         equal = all(w == weights[0] for w in weights)
         scale = weights[0] if equal else None
         for name in names:
-            param = self.master_params[name]
+            out = first[name]
+            # Element by element in place: each element of the first slot
+            # is read before it is written.
             slots = [views[name] for views in self._slot_views]
-            if not self._write_grads and len(slots) == 1 and \
-                    scale in (None, 1.0):
-                # One device: its slot is the sum; lend it, copy nothing.
-                param.grad = slots[0]
-                continue
-            out = param.grad = self._grads[name]
             if equal:
                 reduce_sum(out, slots, scale)
             else:
@@ -544,8 +590,20 @@ class HostAccumulator(object):
 
     def _fused_update(self, runs, from_slots):
         """One fused call per run: from the devices' slots (no all-reducer)
-        or from the reduced gradients."""
+        or from the reduced gradients (which it overwrites in place).
+
+        Where ``param.grad`` must hold the gradient afterwards, the kernel
+        writes each block's final gradient over the first device's slot,
+        just read (no second buffer to fetch into the cache), and
+        ``param.grad`` is that slot's view; where that slot already is the
+        gradient (:meth:`_slot_is_gradient`), nothing is written.
+        """
         fused_rule = self._host_update.fused_rule
+        write = self._write_grads
+        if write and from_slots:
+            for run, _ in runs:
+                self._point_grads(run.names, self._slot_views[0])
+            write = not self._slot_is_gradient()
         weights, weighted = self._weights, False
         if from_slots:
             weighted = not all(w == weights[0] for w in weights)
@@ -555,20 +613,21 @@ class HostAccumulator(object):
             weights = [1.0]
         calls = []
         for run, rules in runs:
-            grads = buffers.typed(self._grad_buffer, run)
             if from_slots:
                 slots = [buffers.typed(t.slot_buffer, run)
                          for t in self.transfers]
             else:
-                slots = [grads]
+                slots = [buffers.typed(self._grad_buffer, run)]
             state = tuple(self._state.typed(key, run) for key in
                           fused_rule.kernel_state_keys(rules[0]))
             calls.append((buffers.typed(self.master.buffer, run), slots,
-                          grads, state, fused_rule.advance_run(rules)))
+                          slots[0], state, fused_rule.advance_run(rules)))
         self._host_update.update_runs(calls, weights, weighted,
-                                      self._hook_program, self._write_grads)
+                                      self._hook_program, write)
         with self._lock:
             self.fused_calls += len(calls)
+            if write:
+                self.fused_grad_writes += len(calls)
 
     def _update(self, names):
         optimizer = self.optimizer
