@@ -33,15 +33,16 @@ import cgdp_chainer
 from cgdp_chainer import blas
 from cgdp_chainer import mpi as cgdp_mpi
 
-OPTIMIZERS = ('cgdp', 'chainermn')
+OPTIMIZERS = ('cgdp', 'cgdp-rank-hosts', 'chainermn')
 
 
 def multi_node_optimizer(kind, communicator):
     """MomentumSGD, as in the other parts, wrapped for the ranks.
 
     Args:
-        kind (str): ``'cgdp'`` or ``'chainermn'``: whose
-            ``create_multi_node_optimizer`` wraps it.
+        kind (str): ``'cgdp'``, ``'cgdp-rank-hosts'`` (``node_host=False``)
+            or ``'chainermn'``: whose ``create_multi_node_optimizer`` wraps
+            it.
         communicator: The ChainerMN communicator.
 
     Returns:
@@ -49,8 +50,11 @@ def multi_node_optimizer(kind, communicator):
     """
     import chainermn
     actual = chainer.optimizers.MomentumSGD(lr=0.01, momentum=0.9)
-    if kind == 'cgdp':
-        return cgdp_chainer.create_multi_node_optimizer(actual, communicator)
+    if kind in ('cgdp', 'cgdp-rank-hosts'):
+        # cgdp-rank-hosts: every rank keeps a host of its own, where the
+        # ranks of this machine would share one.
+        return cgdp_chainer.create_multi_node_optimizer(
+            actual, communicator, node_host=kind == 'cgdp')
     return chainermn.create_multi_node_optimizer(actual, communicator)
 
 
@@ -77,7 +81,7 @@ def rank_seconds(args, communicator):
             return runtime_benchmark._iteration_times(
                 updater, args.iterations, max(1, args.warmup))
         finally:
-            if args.optimizer == 'cgdp':
+            if args.optimizer != 'chainermn':
                 optimizer.close()
 
 

@@ -43,7 +43,8 @@ run mean anything), each with its target or measured limit:
   ``mpiexec`` (the mpiexec next to this Python), each rank with one BLAS
   thread and ``--batch`` examples, the same StandardUpdater script (see
   :mod:`benchmarks.mpi_ranks`) with CGDP's
-  ``create_multi_node_optimizer`` and with ChainerMN's (naive
+  ``create_multi_node_optimizer`` (the ranks sharing one host, and with
+  ``node_host=False`` a host each) and with ChainerMN's (naive
   communicator), against the limit; an iteration of a job takes its
   slowest rank's time. ``--net`` at ``--image-size`` (the defaults are the
   1-second regime; ``--net`` also takes ``module:callable``).
@@ -98,7 +99,7 @@ DRIVES = ('plain', 'unattended', 'trainer')
 # of CGDP's optimizer against the limit (the 1-second regime, the short).
 N_RANKS = 2
 RANKS_MODULE = 'benchmarks.mpi_ranks'
-RANKS_OPTIMIZERS = ('cgdp', 'chainermn')
+RANKS_OPTIMIZERS = ('cgdp', 'cgdp-rank-hosts', 'chainermn')
 RANKS_GOALS = {'ranks': 1.02, 'shortranks': 1.05}
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -363,6 +364,8 @@ def print_ranks(part, args):
                               medians['limit'])
     rows = [
         ('CGDP create_multi_node_optimizer', '{:.4f} s'.format(cgdp)),
+        ('CGDP, a host per rank (node_host=False)',
+         '{:.4f} s'.format(medians['cgdp-rank-hosts'])),
         ('ChainerMN create_multi_node_optimizer (naive)',
          '{:.4f} s'.format(chainermn)),
         ('limit ({} StandardUpdater processes)'.format(N_RANKS),
@@ -370,6 +373,8 @@ def print_ranks(part, args):
         ('CGDP / limit', '{:.3f} (goal <= {:.2f})'.format(
             cgdp / limit, RANKS_GOALS[part])),
         ('CGDP / ChainerMN', '{:.3f} (goal < 1.00)'.format(cgdp / chainermn)),
+        ('CGDP / CGDP with a host per rank', '{:.3f}'.format(
+            cgdp / medians['cgdp-rank-hosts'])),
         ('ChainerMN / limit', '{:.3f}'.format(chainermn / limit))]
     print('[{}] {} at {} px, {} ranks x 1 \'@numpy\' device, batch {} per '
           'rank, 1 BLAS thread each; median seconds per iteration:'.format(

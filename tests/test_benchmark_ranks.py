@@ -29,12 +29,14 @@ def test_ranks_part_prints_seconds_and_ratios_with_goals():
     output = job.stdout
     assert job.returncode == 0, output
     for row in ('CGDP create_multi_node_optimizer',
+                r'CGDP, a host per rank \(node_host=False\)',
                 r'ChainerMN create_multi_node_optimizer \(naive\)',
                 r'limit \(2 StandardUpdater processes\)'):
         assert re.search(r'\[ranks\] +{} +{} s'.format(row, NUMBER),
                          output), output
     for ratio, goal in (('CGDP / limit', r' \(goal <= 1\.02\)'),
                         ('CGDP / ChainerMN', r' \(goal < 1\.00\)'),
+                        ('CGDP / CGDP with a host per rank', ''),
                         ('ChainerMN / limit', '')):
         assert re.search(r'\[ranks\] +{} +{}{}'.format(ratio, NUMBER, goal),
                          output), output
