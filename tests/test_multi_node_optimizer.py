@@ -135,3 +135,16 @@ def test_uninitialized_and_device_parameters_are_named():
     model = L.Linear(3, 2)
     model.W.array = numpy.asfortranarray(model.W.array)  # still NumPy
     multi_node_optimizer._refuse_device_arrays(model)  # taken
+
+
+@pytest.mark.mpi
+def test_a_rank_failing_in_its_own_loop_ends_the_whole_job(mpiexec):
+    # Rank 1 raises in the script's loop while rank 0 waits for its chunks
+    # in update(): without the optimizer's abort hooks the job hangs and
+    # run_mpi fails the test after the bound (liveness, not speed).
+    job = run_mpi('optimizer_rank_fails.py', timeout=60)
+    assert job.returncode != 0, job.output
+    assert '[rank 1] ValueError: rank 1 fails in its own loop' in \
+        job.output, job.output
+    assert 'OK ' not in job.output
+    assert job.segments_left == []

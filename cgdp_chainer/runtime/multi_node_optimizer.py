@@ -95,7 +95,10 @@ def create_multi_node_optimizer(actual_optimizer, communicator,
             allows it; False: every rank keeps a host of its own.
 
     Returns:
-        MultiNodeOptimizer: Use it as the actual optimizer.
+        MultiNodeOptimizer: Use it as the actual optimizer. Where the
+        communicator holds several ranks, an uncaught exception on any of
+        them (in any thread) from now on prints its traceback and aborts
+        the whole job (:func:`cgdp_chainer.mpi.install_abort_hooks`).
 
     Raises:
         ValueError: An option CGDP cannot honour, named with the fix.
@@ -122,6 +125,12 @@ def create_multi_node_optimizer(actual_optimizer, communicator,
             'communicator must be a ChainerMN communicator or an mpi4py '
             'communicator; got {!r}'.format(communicator))
     _refuse_lone_rank(comm.Get_size(), mpi.launcher_size())
+    if comm.Get_size() > 1:
+        # An uncaught exception on one rank ends the job, with its
+        # traceback: its peers would otherwise wait for it in the next
+        # chunk's reduction forever (ChainerMN leaves this to
+        # chainermn.global_except_hook, if the script installs it).
+        mpi.install_abort_hooks(comm)
     return MultiNodeOptimizer(actual_optimizer, communicator, options)
 
 
