@@ -32,6 +32,7 @@ import threading
 import time
 
 import chainer
+import numpy
 
 from cgdp_chainer import blas
 from cgdp_chainer import timeline as timeline_module
@@ -463,6 +464,9 @@ class _RankTraining(object):
             if self._closed:
                 return
             self._closed = True
+        # A closed optimizer is not kept alive until exit (a study that
+        # builds many, say).
+        atexit.unregister(self.close)
         self.accumulator.close()
         if self.allreducer is not None:
             self.allreducer.close()
@@ -477,7 +481,6 @@ class _RankTraining(object):
 
 
 def _refuse_device_arrays(model):
-    import numpy
     for name, param in model.namedparams():
         if param.array is None:
             raise ValueError(
