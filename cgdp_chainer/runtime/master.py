@@ -21,6 +21,8 @@ changes at the start of the next ``update()``:
 import collections
 import copy
 
+import chainer
+from chainer import links
 import numpy
 
 from chainer.training import extensions
@@ -339,3 +341,77 @@ class _WatchedTrigger(object):
             # copy and pickle look these up before __init__ has run.
             raise AttributeError(name)
         return getattr(self._trigger, name)
+
+
+class StatisticsKept(chainer.LinkHook):
+    """Keeps the master's running statistics as they were through an extra
+    forward in training mode (the first iteration's forward on the master,
+    which only initializes lazy parameters): the replicas' forwards are
+    the ones ``StandardUpdater``'s first forward stands for.
+
+    Two mechanisms, since neither covers every link alone:
+
+    - The persistent values that exist before the forward are copied and
+      written back after it (BatchNormalization updates its statistics in
+      place, so keeping the arrays themselves would keep nothing).
+    - Links whose statistics only come into being in the forward (a lazy
+      ``L.BatchNormalization(None)``) have nothing to copy beforehand: their
+      forward runs with ``chainer.config.in_recomputing``, Chainer's own
+      flag for a forward that must not count, which these links honour.
+      It is set for them alone: other links read it differently
+      (``BatchRenormalization`` expects statistics saved by an earlier
+      forward).
+
+    Use as a context manager around the forward.
+
+    Args:
+        master (chainer.Link): The master.
+    """
+
+    name = 'cgdp_statistics_kept'
+
+    def __init__(self, master):
+        self._master = master
+        self._saved = None
+        self._flags = []
+
+    def __enter__(self):
+        self._saved = [(link, name, _copied_value(link.__dict__[name]))
+                       for _, link in self._master.namedlinks()
+                       for name in link._persistent]
+        return super(StatisticsKept, self).__enter__()
+
+    def __exit__(self, *exc):
+        super(StatisticsKept, self).__exit__(*exc)
+        for link, name, value in self._saved:
+            current = link.__dict__[name]
+            if value is None:
+                continue  # made by the forward: left as initialized
+            if hasattr(current, 'shape') and \
+                    getattr(value, 'shape', None) == current.shape:
+                current[...] = value  # in place: others may hold it
+            else:
+                setattr(link, name, value)
+        self._saved = None
+
+    def forward_preprocess(self, args):
+        if _honours_recomputing(args.link):
+            self._flags.append(chainer.config.in_recomputing)
+            chainer.config.in_recomputing = True
+
+    def forward_postprocess(self, args):
+        if _honours_recomputing(args.link):
+            chainer.config.in_recomputing = self._flags.pop()
+
+
+def _copied_value(value):
+    return value.copy() if hasattr(value, 'copy') and \
+        hasattr(value, 'shape') else copy.deepcopy(value)
+
+
+def _honours_recomputing(link):
+    """Whether ``link``'s forward leaves its statistics alone under
+    ``in_recomputing`` and needs nothing else for it."""
+    forward = type(link).forward
+    return forward is links.BatchNormalization.forward or \
+        forward is links.DecorrelatedBatchNormalization.forward

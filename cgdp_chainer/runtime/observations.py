@@ -38,6 +38,22 @@ KINDS = ('sum', 'mean')
 RTOL = 1e-4
 RTOL_HALF = 1e-2  # float16 values, or chainer.config.dtype float16
 
+# How near the whole batch's loss must be to the shares' mean weighted by
+# their examples, as a fraction of how far apart the shares' losses are,
+# for the match to show that those are the loss's weights. A loss that is
+# a mean over something else (the pixels it does not ignore, as
+# softmax_cross_entropy with ignore_label) weighs the shares by their
+# counts of those, and its value then lies elsewhere between the shares'
+# losses, by about the weights' difference times their spread: within 1%
+# of the spread, the weights are the examples' to about 1%. Shares with
+# the same loss (an untrained model that gives every example the same
+# loss) show no weights at all.
+WEIGHTS_SHOWN_WITHIN = 0.01
+# Where the devices' shares are too near, the batch is cut into up to this
+# many shares (single examples for a smaller batch), which spread wider.
+FINER_SHARES = 32
+
+
 # How near the whole batch's loss must be to the shares' mean (or sum), and
 # how near two draws of it to each other, for a loss that draws random
 # numbers in every mode (see within_noise): a quarter of the distance
@@ -119,7 +135,9 @@ Attributes:
         shares'), ``'mean'`` (their mean weighted by the shares' examples),
         ``'both'`` (both match, e.g. zeros), ``'neither'``, ``'shapes'``
         (arrays whose shapes differ between the whole batch and the shares:
-        a value per example), or ``'unknown'`` (missing, or not a number).
+        a value per example), ``'unknown'`` (missing, or not a number), or
+        ``'indistinct'`` (a mean whose weights the shares' losses, too
+        near each other, cannot show; see :func:`discriminates`).
     whole, parts: The values compared (as reported).
     sum, mean (numpy.ndarray or None): The shares' sum and weighted mean.
     again: None, or (for a value that draws random numbers, see
@@ -175,6 +193,23 @@ def compare(whole, parts, counts):
     kind = 'both' if is_sum and is_mean else 'sum' if is_sum else \
         'mean' if is_mean else 'neither'
     return Comparison(kind, whole, parts, added, mean)
+
+
+def discriminates(comparison):
+    """Whether a comparison that found ``'mean'`` shows the loss's weights
+    to be the shares' examples: the whole batch's loss is within
+    :data:`WEIGHTS_SHOWN_WITHIN` of the shares' spread (the largest
+    difference between two shares' losses) from their weighted mean.
+
+    Args:
+        comparison (Comparison): From :func:`compare`.
+    """
+    parts = numpy.asarray([_numeric(part).astype(numpy.float64)
+                           for part in comparison.parts])
+    spread = numpy.max(parts.max(axis=0) - parts.min(axis=0))
+    whole = _numeric(comparison.whole).astype(numpy.float64)
+    off = numpy.max(numpy.abs(whole - comparison.mean))
+    return bool(spread > 0 and off <= WEIGHTS_SHOWN_WITHIN * spread)
 
 
 def within_noise(comparison, again):
@@ -380,6 +415,30 @@ def combine_all(observations, counts, kinds):
         combined[key] = combine(key, values, [c for _, c in present],
                                 kinds.kind(key, values[0]))
     return combined
+
+
+def with_graphs(combined, graphs):
+    """The replicas' combined values, with the graphs of the master's first
+    forward where it reported a value with its graph (for
+    ``extensions.DumpGraph``): each such ``Variable`` then holds the
+    replicas' value, so that every iteration reports the values its update
+    used, the first one too.
+
+    Args:
+        combined (dict): From :func:`combine_all`.
+        graphs (dict): Key to a ``Variable`` with its creator, from the
+            master's forward on the whole first batch.
+
+    Returns:
+        dict: What to report.
+    """
+    result = dict(combined)
+    for key, graph in graphs.items():
+        value = _numeric(combined.get(key))
+        if value is not None and value.size == graph.size:
+            graph.array = value.astype(graph.dtype).reshape(graph.shape)
+        result[key] = graph
+    return result
 
 
 def combine(key, values, counts, kind):
@@ -690,6 +749,18 @@ def reduction_refusal(comparison, other_ranks=False, failure=None):
         why = ('{}: both match (e.g. zero losses), so whether the loss adds '
                'up over the examples or averages them cannot be told'.format(
                    describe_loss(comparison)))
+    elif comparison.kind == 'indistinct':
+        why = ('{}: the whole batch\'s loss matches the mean, but not '
+               'within {:g} of the shares\' spread, which is too small to '
+               'show that it weighs them by their examples rather than by '
+               'something else (a mean over '
+               'the pixels or tokens that are not ignored, as '
+               'softmax_cross_entropy with ignore_label: then neither '
+               "reduction gives StandardUpdater's result exactly; "
+               'softmax_cross_entropy(..., normalize=False) is a mean over '
+               'the examples), even on {} finer shares'.format(
+                   describe_loss(comparison), WEIGHTS_SHOWN_WITHIN,
+                   len(comparison.parts)))
     elif comparison.kind == 'neither' and comparison.again is not None:
         why = ('{}. Neither matches within the sampling noise: it is too '
                'large against the distance between the shares\' sum and '
@@ -698,7 +769,8 @@ def reduction_refusal(comparison, other_ranks=False, failure=None):
         why = ('{}: neither matches, and a second forward on the whole '
                'batch gave the same loss. The loss is neither a sum nor a '
                'mean over the examples (a mean over the tokens of sequences '
-               'of different lengths, say: then neither reduction gives '
+               'of different lengths, or over the pixels a loss does not '
+               'ignore, say: then neither reduction gives '
                "StandardUpdater's result exactly), or its forward draws "
                'random numbers from a generator of its own, which drew the '
                'same again'.format(describe_loss(comparison)))

@@ -945,8 +945,8 @@ def initialize_from_first_batch(lossfun, in_arrays):
     Side effects are ``StandardUpdater``'s first forward's: the loss
     function reports its observations (``main/loss``) into the current
     reporter scope and BatchNormalization updates the master's running
-    statistics once (the updater later copies the first replica's over
-    them).
+    statistics once (the updater keeps them as they were with
+    :class:`~cgdp_chainer.runtime.master.StatisticsKept`).
 
     Args:
         lossfun (callable): The loss function, e.g. the master model

@@ -569,9 +569,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self._load_replica_persistents(results[0].persistents)
         else:
             self._persistents_stale = self._has_persistents
-        self._report([r.observation for r in results], batch.counts)
-        if first_reports:
-            chainer.report(first_reports)
+        self._report([r.observation for r in results], batch.counts,
+                     first_reports)
         if timeline is not None:
             self._record_events(results, start, sync_end)
         if forming:
@@ -866,21 +865,18 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     def _forward_on_master(self, in_arrays):
         """StandardUpdater's first forward on the master: initializes lazy
         parameters with exactly its values and gives the loss with its
-        graph. BatchNormalization statistics it touched are put back, so
-        that the replicas' first forward is the only one counted."""
+        graph. The master's running statistics stay as they were
+        (:class:`~cgdp_chainer.runtime.master.StatisticsKept`), so that the
+        replicas' first forward is the only one counted."""
         master = self.get_optimizer('main').target
-        saved = {key: value for key, value in
-                 worker_module.save_persistents(master).items()
-                 if value is not None}
         reporter = chainer.Reporter()
         reporter.add_observer('main', master)
         reporter.add_observers('main', master.namedlinks(skipself=True))
         observation = {}
-        with reporter.scope(observation):
+        with reporter.scope(observation), \
+                master_module.StatisticsKept(master):
             loss = readiness.initialize_from_first_batch(
                 self.loss_func or master, in_arrays)
-        worker_module.load_persistents(master, saved,
-                                       chainer.get_device('@numpy'))
         graphs = {key: value for key, value in observation.items()
                   if isinstance(value, chainer.Variable) and
                   value.creator is not None}
@@ -954,9 +950,45 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                           n, self._report_kinds.describe(whole.observation)))
         comparison = observations.compare(
             whole.loss, [f.loss for f in shares], counts)
-        if comparison.kind != 'neither' or self.reduction is not None:
+        if self.reduction is not None:
+            return comparison, None
+        if comparison.kind == 'mean' and \
+                not observations.discriminates(comparison):
+            return self._compare_finer(batch, comparison)
+        if comparison.kind != 'neither':
             return comparison, None
         return self._decide_within_noise(batch, comparison)
+
+    def _compare_finer(self, batch, comparison):
+        """The loss compared on finer shares of the batch, for a match
+        with the mean whose shares' losses were too near each other to
+        show its weights (see
+        :func:`~cgdp_chainer.runtime.observations.discriminates`).
+
+        Args:
+            batch (Batch): The first batch.
+            comparison (Comparison): The comparison on the devices' shares.
+
+        Returns:
+            tuple: As for :meth:`_probe`; the kind ``'indistinct'`` where
+            the finer shares do not show the weights either.
+        """
+        shares = min(sum(batch.counts), observations.FINER_SHARES)
+        split = batch.split(shares) if shares > len(batch.counts) else None
+        if split is None:
+            return comparison._replace(kind='indistinct'), None
+        parts, counts = split
+        try:
+            forwards = observations.probe_forwards(
+                self.get_optimizer('main').target, self.loss_func,
+                [_copied(part) for part in parts])
+        except Exception as error:
+            return None, error
+        finer = observations.compare(
+            comparison.whole, [f.loss for f in forwards], counts)
+        if finer.kind == 'mean' and not observations.discriminates(finer):
+            finer = finer._replace(kind='indistinct')
+        return finer, None
 
     def _decide_within_noise(self, batch, comparison):
         """A second draw of the whole batch's loss, for a comparison that
@@ -1020,15 +1052,19 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         if self._allreducer is None or self._allreducer.rank == 0:
             print(line, flush=True)
 
-    def _report(self, reported, counts):
+    def _report(self, reported, counts, graphs=None):
         """Reports the replicas' observations as the whole batch's.
 
         Args:
             reported (list of dict): Each replica's observation.
             counts (list of int): Each replica's examples.
+            graphs (dict or None): At the first iteration, the values the
+                master's forward reported with their graphs; they are
+                reported holding the replicas' values.
         """
-        chainer.report(observations.combine_all(reported, counts,
-                                                self._report_kinds))
+        combined = observations.combine_all(reported, counts,
+                                            self._report_kinds)
+        chainer.report(observations.with_graphs(combined, graphs or {}))
 
     def _choose_chunk_size(self, master, sample_inputs):
         device = self._devices[0]

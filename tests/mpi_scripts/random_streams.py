@@ -50,8 +50,10 @@ def train(comm, dataset):
     optimizer.setup(model)
     iterator = chainer.iterators.SerialIterator(dataset, BATCH,
                                                 shuffle=False)
+    # Every example's loss is the same with these weights, so the first
+    # iteration cannot find the reduction: it is given.
     updater = CGDPUpdater(iterator, optimizer, devices=['@numpy'],
-                          workers='thread', mpi_comm=comm)
+                          workers='thread', mpi_comm=comm, reduction='mean')
     built_with = updater._random_base
     masks = []
     try:
