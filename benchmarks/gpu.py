@@ -475,13 +475,14 @@ def main(argv=None):
     for net in args.nets:
         for batch in args.batches:
             measure_and_model(net, batch, args, report)
+            if args.out is not None:  # kept if a time limit cuts the run
+                write_results(args.out, report)
             print('  ({:.0f} s so far)'.format(
                 time.perf_counter() - began), flush=True)
     print_goals(report)
     if not args.no_model:
         gpu_model.print_report(report['model'])
     if args.out is not None:
-        write_results(args.out, report)
         print('results in {}'.format(args.out))
     print('({:.0f} s)'.format(time.perf_counter() - began), flush=True)
     return report

@@ -137,6 +137,27 @@ def check(report, net, batch, image_size, spec, measured_row, chunking,
     link.update({key: profile['copy'].get(key) for key in LINK_COLUMNS})
     report['links'].append(link)
     report['hardware'] = hardware.name
+    print(progress_line(report), flush=True)
+
+
+def progress_line(report):
+    """The last network and batch's predictions in one line (what a run
+    cut short by a time limit still shows)."""
+    rows = report['rows'][-len(PREDICTED_RUNS):]
+    link = report['links'][-1]
+    scaling = report['scaling'][-len(SCALING_DEVICES):]
+    return ('[model] {} batch {}: predicted {}; host->device {:.1f} GB/s '
+            'page-locked, {:.1f} pageable; CGDP efficiency at N={}: '
+            '{}'.format(
+                link['net'], link['batch'], ', '.join(
+                    '{} {:.1f} ms ({:+.0%})'.format(
+                        row['run'], row['predicted_ms'], row['error'])
+                    for row in rows),
+                link['h2d_bytes_per_s'] / 1e9,
+                link['h2d_pageable_bytes_per_s'] / 1e9,
+                '/'.join(str(n) for n in SCALING_DEVICES),
+                '/'.join('{:.2f}'.format(row['eff_cgdp'])
+                         for row in scaling)))
 
 
 def median_error(report):
