@@ -14,8 +14,9 @@ A profile (saved as JSON by ``python -m experiments.profile``) holds:
   ``whole``: one pass's total, and on ``'@numpy'`` its ``busy_cores``: the
   process's CPU seconds per second during the passes (all BLAS threads),
   the cores one replica occupies;
-- ``copy``: device-to-host and host-to-device bandwidth (on ``'@numpy'``:
-  memcpy bandwidth) and the latency of a small copy;
+- ``copy``: device-to-host and host-to-device bandwidth, from page-locked
+  and from pageable host memory (on ``'@numpy'``: memcpy bandwidth) and the
+  latency of a small copy;
 - ``host``: the host accumulator's costs over the model's parameter arrays,
   each as ``per_array_s`` + ``per_byte_s``: the reduction of two slots into
   their mean, each further slot, a MomentumSGD update rule call, and
