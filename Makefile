@@ -21,7 +21,8 @@ ifneq ($(filter experiment,$(MAKECMDGOALS)),)
 $(check_ranks)
 endif
 
-.PHONY: install test test-py312 train experiment plot model validate-model benchmark gpu clean
+.PHONY: install test test-py312 train experiment plot model validate-model benchmark \
+	benchmark-gpu gpu clean
 
 install: $(STAMP)
 
@@ -36,9 +37,25 @@ $(STAMP): requirements.txt setup.py
 	$(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
 	touch $(STAMP)
 
-# The GPU extra: CuPy for CUDA 12.
+# The GPU extra: the CuPy wheel of the driver's CUDA major version
+# (tools/cuda_major.sh: nvidia-smi's "CUDA Version", else nvcc; it stops
+# make with a message where there is no driver), the other CUDA's wheel
+# removed (two CuPy packages clash). CUPY=13: CuPy 13, the last with
+# cupy.cudnn, as cupy-cuda12x (a CUDA 13 driver runs it too); see
+# docs/DEVELOPING.md for what each costs.
+CUPY ?=
 gpu: $(STAMP)
-	$(PY) -m pip install --quiet --no-build-isolation -e '.[gpu]'
+	@if [ -n "$(CUPY)" ] && [ "$(CUPY)" != 13 ]; then \
+		echo "make gpu: CUPY=$(CUPY): give CUPY=13 (CuPy 13 with" \
+		"cuDNN) or leave CUPY out (the newest CuPy)" >&2; exit 2; fi; \
+	major=$$(bash tools/cuda_major.sh) || exit 1; \
+	if [ "$(CUPY)" = 13 ]; then wheel=12; spec='cupy-cuda12x>=13,<14'; \
+	else wheel=$$major; spec=cupy-cuda$${major}x; fi; \
+	other=$$([ $$wheel = 12 ] && echo 13 || echo 12); \
+	echo "CUDA $$major driver: installing $$spec"; \
+	$(PY) -m pip uninstall --quiet --yes cupy-cuda$${other}x \
+		>/dev/null 2>&1 || true; \
+	$(PY) -m pip install --quiet "$$spec"
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
@@ -75,6 +92,11 @@ validate-model: $(STAMP)
 
 benchmark: $(STAMP)
 	$(PY) -m benchmarks.baseline
+
+# CGDP against StandardUpdater and the limit on one GPU, with the cost
+# model's check (docs/EXPERIMENTS.md); ARGS for more options.
+benchmark-gpu: $(STAMP)
+	$(PY) -m benchmarks.gpu $(ARGS)
 
 clean:
 	rm -rf $(VENV) .venv312 build *.egg-info

@@ -20,7 +20,9 @@ setup(
     ],
     extras_require={
         'mpi': ['mpi4py', 'mpich'],
+        # CUDA 12's CuPy; `make gpu` picks the driver's (gpu-cuda13).
         'gpu': ['cupy-cuda12x'],
+        'gpu-cuda13': ['cupy-cuda13x'],
         'test': ['pytest'],
     },
 )

@@ -7,13 +7,20 @@
 # then run `OUT=$OUT bash .ci/gpu_check.sh` on the device with `.whl` carried
 # (the wheel is installed only where .whl/ holds one).
 #
-# Steps, about ten minutes on one GPU:
-# 1. preflight: the stack (nvidia-smi's driver and compute mode, /dev/shm,
-#    CuPy's and NCCL's versions, cuDNN on or off); exits 1, naming what is
-#    missing, unless Chainer sees CuPy and at least one GPU;
-# 2. the tests marked gpu, their output kept in gpu_tests.txt;
-# 3. a short weak-scaling run of the four networks at 224 px on GPUs
-#    (--device-kind gpu: no CPU fallback), with CGDP's timeline and trace.
+# Steps, under ten minutes on one GPU in all (each step's budget is its
+# timeout; what a step printed before its timeout is kept):
+# 1. preflight (about 30 s): the stack (nvidia-smi's driver and compute
+#    mode, /dev/shm, CuPy's and NCCL's versions, cuDNN on or off); exits 1,
+#    naming what is missing, unless Chainer sees CuPy and at least one GPU;
+# 2. the tests marked gpu (200 s), their output kept in gpu_tests.txt;
+# 3. the GPU benchmark with the cost model's check (280 s; python -m
+#    benchmarks.gpu, defaults: the four networks at 224 px, batch 64 and
+#    16, StandardUpdater, CGDP with processes and threads and the limit,
+#    then the per-layer profile and the predictions), its output in
+#    gpu_benchmark.txt and its CSV and JSON in gpu_benchmark/;
+# 4. a short weak-scaling run of AlexNet at 224 px on GPUs (60 s;
+#    --device-kind gpu: no CPU fallback), with CGDP's timeline and trace:
+#    the experiment's pipeline on a GPU (the benchmark has the figures).
 # Everything goes into ONE archive directly under $OUT, gpu_check.tar.gz,
 # beside a short summary, gpu_check_summary.txt. The script's status is the
 # worst of its steps'.
@@ -118,12 +125,23 @@ tail -n 25 "$WORK/gpu_tests.txt"
     grep -E '^(PASSED|FAILED|ERROR|SKIPPED)' "$WORK/gpu_tests.txt"
 } >> "$WORK/summary.txt"
 
-# 3. weak scaling on GPUs -----------------------------------------------------
+# 3. the GPU benchmark and the cost model's check -------------------------------
+timeout 280 "$PYTHON" -m benchmarks.gpu --out "$WORK/gpu_benchmark" \
+    > "$WORK/gpu_benchmark.txt" 2>&1
+benchmark=$?
+worst $benchmark
+cat "$WORK/gpu_benchmark.txt"
+{
+    echo "gpu benchmark: exit $benchmark"
+    grep -v '^  (' "$WORK/gpu_benchmark.txt"
+} >> "$WORK/summary.txt"
+
+# 4. weak scaling on GPUs -----------------------------------------------------
 gpus=$("$PYTHON" -c 'from cgdp_chainer import devices; print(devices.gpu_count())')
 counts=1
 [ "$gpus" -ge 2 ] && counts=1,2
-timeout 330 "$PYTHON" -m experiments.weak_scaling --net all --device-kind gpu \
-    --devices $counts --image-size 224 --batch 16 --iterations 3 --warmup 1 \
+timeout 60 "$PYTHON" -m experiments.weak_scaling --net alexnet --device-kind gpu \
+    --devices $counts --image-size 224 --batch 16 --iterations 2 --warmup 1 \
     --no-model --out "$WORK/results" > "$WORK/weak_scaling.txt" 2>&1
 scaling=$?
 worst $scaling

@@ -14,8 +14,9 @@ A profile (saved as JSON by ``python -m experiments.profile``) holds:
   ``whole``: one pass's total, and on ``'@numpy'`` its ``busy_cores``: the
   process's CPU seconds per second during the passes (all BLAS threads),
   the cores one replica occupies;
-- ``copy``: device-to-host and host-to-device bandwidth (on ``'@numpy'``:
-  memcpy bandwidth) and the latency of a small copy;
+- ``copy``: device-to-host and host-to-device bandwidth, from page-locked
+  and from pageable host memory (on ``'@numpy'``: memcpy bandwidth) and the
+  latency of a small copy;
 - ``host``: the host accumulator's costs over the model's parameter arrays,
   each as ``per_array_s`` + ``per_byte_s``: the reduction of two slots into
   their mean, each further slot, a MomentumSGD update rule call, and
@@ -181,10 +182,14 @@ def measure_copies(device, n_bytes=COPY_BYTES, reps=DEFAULT_REPS):
     """Copy bandwidth between ``device`` and the host, and copy latency.
 
     On ``'@numpy'`` both directions are a memcpy in host memory. On GPUs the
-    host side is pinned memory, as the runtime uses.
+    host side is pinned memory, as the runtime uses; the same copies from
+    and to pageable memory (what a NumPy batch sent by ``device.send`` goes
+    through) are measured beside them.
 
     Returns:
-        dict: ``d2h_bytes_per_s``, ``h2d_bytes_per_s``, ``latency_s``,
+        dict: ``d2h_bytes_per_s``, ``h2d_bytes_per_s`` (page-locked host
+        memory), ``d2h_pageable_bytes_per_s``,
+        ``h2d_pageable_bytes_per_s``, ``latency_s``,
         ``memory_bytes_per_s`` (host memory traffic of a memcpy, read plus
         write) and, on GPUs, ``device_bytes_per_s``.
     """
@@ -201,6 +206,8 @@ def measure_copies(device, n_bytes=COPY_BYTES, reps=DEFAULT_REPS):
                                 max(reps, 20), lambda: None)
         result.update({'d2h_bytes_per_s': host_a.nbytes / memcpy,
                        'h2d_bytes_per_s': host_a.nbytes / memcpy,
+                       'd2h_pageable_bytes_per_s': host_a.nbytes / memcpy,
+                       'h2d_pageable_bytes_per_s': host_a.nbytes / memcpy,
                        'latency_s': latency})
         return result
     import cupy
@@ -213,6 +220,11 @@ def measure_copies(device, n_bytes=COPY_BYTES, reps=DEFAULT_REPS):
         other = cupy.empty_like(on_device)
         d2h = _median_times(lambda: on_device.get(out=pinned), reps, sync)
         h2d = _median_times(lambda: on_device.set(pinned), reps, sync)
+        # host_b is ordinary (pageable) memory: the driver stages it.
+        d2h_pageable = _median_times(lambda: on_device.get(out=host_b),
+                                     reps, sync)
+        h2d_pageable = _median_times(lambda: on_device.set(host_b), reps,
+                                     sync)
         d2d = _median_times(lambda: cupy.copyto(other, on_device), reps,
                             sync)
         tiny_pinned = cupyx.empty_pinned((1,), numpy.float32)
@@ -221,6 +233,8 @@ def measure_copies(device, n_bytes=COPY_BYTES, reps=DEFAULT_REPS):
                                 max(reps, 20), sync)
     result.update({'d2h_bytes_per_s': pinned.nbytes / d2h,
                    'h2d_bytes_per_s': pinned.nbytes / h2d,
+                   'd2h_pageable_bytes_per_s': host_b.nbytes / d2h_pageable,
+                   'h2d_pageable_bytes_per_s': host_b.nbytes / h2d_pageable,
                    'device_bytes_per_s': 2.0 * pinned.nbytes / d2d,
                    'latency_s': latency})
     return result
