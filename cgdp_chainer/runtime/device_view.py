@@ -104,9 +104,12 @@ class DeviceView(chainer.LinkHook):
         # Links and parameters say they are on the host again (no copy:
         # every array is there).
         self._master.to_device(self._host)
-        for param, _, grad in params:
-            if grad is not None:
-                param.grad = grad
+        for param, array, grad_var in params:
+            # A parameter the forward initialized keeps the gradient its
+            # initialization gave (moved to the host above), as a plain
+            # model's would; one still uninitialized had none to take.
+            if array is not None:
+                param.grad_var = grad_var
 
     # -- the copies -----------------------------------------------------
 
@@ -135,10 +138,14 @@ class DeviceView(chainer.LinkHook):
     def _swap_in(self):
         params = []
         for path, param in self._master.namedparams():
-            params.append((param, param.array, param.grad))
             # Without their gradients, which stay on the host untouched
-            # (to_device would copy them).
-            param.grad = None
+            # (to_device would copy them). Through ``grad_var``, which
+            # neither raises nor changes whether the gradient is valid:
+            # ``param.grad`` raises while it is not (a lazy parameter not
+            # yet initialized, before any cleargrads()), and assigning
+            # ``param.grad`` would make it valid.
+            params.append((param, param.array, param.grad_var))
+            param.grad_var = None
             device_array = self._params.get(path)
             if device_array is not None:
                 param.array = device_array
