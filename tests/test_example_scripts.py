@@ -84,6 +84,54 @@ def test_multiprocess_parallel_updater_mnist_example_switched(
     _assert_trained_alike(tmp_path, 'standard')
 
 
+def _single_device_mnist_switched(tmp_path, dataset_root, device, workers):
+    """train_mnist.py's shape: a lazy model first called by the Evaluator
+    before training (on ``device``, through CGDP's view of the master on a
+    GPU); the switched run stops after its first epoch and resumes from its
+    snapshot (--autoload), and ends with StandardUpdater's model."""
+    script = 'train_mnist_switched.py'
+    args = ['--device', device, '--workers', workers]
+    _run(script, tmp_path / 'standard', dataset_root, '--updater',
+         'standard', *args)
+    _run(script, tmp_path / 'cgdp', dataset_root, '--updater', 'cgdp',
+         '--epoch', '1', *args)
+    assert (tmp_path / 'cgdp' / 'snapshot_iter_4').exists()
+    completed = _run(script, tmp_path / 'cgdp', dataset_root, '--updater',
+                     'cgdp', '--epoch', '2', '--autoload', *args)
+    # 48 examples, 12 a batch, 2 epochs; snapshots keep the latest only.
+    assert sorted(path.name for path in (tmp_path / 'cgdp').iterdir()
+                  if path.name.startswith('snapshot')) == ['snapshot_iter_8']
+    for name in ('cg.dot', 'loss.png', 'accuracy.png'):
+        assert (tmp_path / 'cgdp' / name).exists(), name
+    assert 'validation/main/loss' in completed.stdout  # PrintReport
+    expected, log = _log(tmp_path / 'standard'), _log(tmp_path / 'cgdp')
+    # Before training, then after each epoch: the resumed run's log
+    # continues the first run's.
+    assert [entry['epoch'] for entry in log] == [0, 1, 2]
+    for key in ('validation/main/loss', 'validation/main/accuracy',
+                'main/loss'):
+        numpy.testing.assert_allclose(
+            [entry.get(key, 0.0) for entry in log],
+            [entry.get(key, 0.0) for entry in expected], rtol=1e-5,
+            atol=1e-6, err_msg=key)
+    _assert_same_npz(str(tmp_path / 'standard' / 'model.npz'),
+                     str(tmp_path / 'cgdp' / 'model.npz'))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('workers', ['thread', 'process'])
+def test_single_device_mnist_example_switched(tmp_path, dataset_root,
+                                              workers):
+    _single_device_mnist_switched(tmp_path, dataset_root, '-1', workers)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize('workers', ['thread', 'process'])
+def test_single_device_mnist_example_switched_on_a_gpu(tmp_path,
+                                                       dataset_root, workers):
+    _single_device_mnist_switched(tmp_path, dataset_root, '0', workers)
+
+
 def _assert_trained_alike(tmp_path, reference):
     """The switched MNIST run logged and evaluated at iterations 4 and 8,
     took its last snapshot, and ended with the reference run's model."""
