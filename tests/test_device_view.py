@@ -62,8 +62,7 @@ def test_evaluation_on_the_first_numpy_device_equals_standard_updater(
 @pytest.mark.parametrize('workers', equivalence.WORKERS)
 def test_evaluation_on_the_first_gpu_equals_standard_updater(workers,
                                                              tmp_path):
-    from cgdp_chainer import devices
-    gpus = ['@cupy:{}'.format(i) for i in range(min(2, devices.gpu_count()))]
+    gpus = equivalence.two_gpu_replicas()
     base = L.Classifier(staged_models.StagedMLP())
     expected = _validation_losses(copy.deepcopy(base), equivalence.standard,
                                   '@numpy', tmp_path / 'standard')
