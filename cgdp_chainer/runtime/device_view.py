@@ -10,7 +10,12 @@ values are device copies, refreshed only when the master changed since
 the last such call (a new iteration, an array replaced), so training pays
 nothing for it and an evaluation one host-to-device copy of the weights.
 Outside those calls the master is what it always is; the updater's own
-calls (with host inputs) never trigger it.
+calls (with host inputs) never trigger it. Its gradients stay on the host,
+untouched, even those Chainer will not yet let anyone read (a lazy
+parameter's before its first forward, as an Evaluator called before
+training meets them); a lazy parameter that such a call initializes is
+initialized on the device, as the replaced updater's model would be, and
+comes to the host with its weights.
 
 Copies of the master (``copy.deepcopy``, pickling: the thread and process
 replicas, a user's copy) get an inert hook.
