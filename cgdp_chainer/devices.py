@@ -1,8 +1,8 @@
 """Parsing and checking device specifiers: the one place that knows them.
 
-The project trains on NumPy (CPU replicas, which may repeat) and CuPy
-devices (one replica per GPU). It takes them in every form Chainer's
-multi-device updaters take:
+The project trains on NumPy and CuPy devices, one replica per naming (a
+device named twice runs two replicas). It takes them in every form
+Chainer's multi-device updaters take:
 
 * ``'@numpy'`` and ``'@cupy:N'``;
 * integers as :func:`chainer.get_device` reads them (negative: NumPy;
@@ -207,25 +207,19 @@ def parse_devices(devices):
     Returns:
         list of chainer.backend.Device: One device per replica, in order.
 
+    A device may be named more than once, as ``ParallelUpdater`` allows:
+    each naming is a replica of its own (its own copy of the model, CUDA
+    streams and transfer buffers on a GPU), so one GPU runs several.
+
     Raises:
-        ValueError: The container is of a wrong type or empty, an item is
-            invalid, or a GPU is named twice.
+        ValueError: The container is of a wrong type or empty, or an item
+            is invalid.
     """
     items = device_items(devices)
     if not items:
         raise ValueError('no devices given; devices must be {}, each item '
                          '{}'.format(LIST_FORMS, VALID_FORMS))
-    parsed = [parse_device(item) for item in items]
-    seen = set()
-    for device in parsed:
-        if is_gpu(device):
-            if device.device.id in seen:
-                raise ValueError(
-                    'GPU {} is named twice in {}; each GPU holds one '
-                    'replica'.format(device.device.id, ','.join(
-                        spec_of(d) for d in parsed)))
-            seen.add(device.device.id)
-    return parsed
+    return [parse_device(item) for item in items]
 
 
 def is_gpu(device):

@@ -90,6 +90,14 @@ def parallel(n):
     return make
 
 
+def two_gpu_replicas():
+    """Two GPU replicas: on GPUs 0 and 1, or both on GPU 0 where it is the
+    only one (a device named twice is two replicas), so that one GPU runs
+    the multi-replica GPU paths."""
+    from cgdp_chainer import devices
+    return ['@cupy:0', '@cupy:1' if devices.gpu_count() > 1 else '@cupy:0']
+
+
 def cgdp(n, devices=None, **kwargs):
     """CGDPUpdater over ``n`` '@numpy' replicas (or ``devices``)."""
     def make(iterator, optimizer):

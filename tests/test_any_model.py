@@ -425,8 +425,7 @@ def test_chunk_bytes_and_boundaries_give_the_same_training(workers):
 @pytest.mark.gpu
 @pytest.mark.parametrize('workers', WORKERS)
 def test_gpu_replicas_on_a_model_without_stages(workers):
-    from cgdp_chainer import devices
-    gpus = ['@cupy:{}'.format(i) for i in range(min(2, devices.gpu_count()))]
+    gpus = equivalence.two_gpu_replicas()
     base = L.Classifier(any_models.Branching())
     expected = train(copy.deepcopy(base), 'adam', standard)
     timeline = cgdp_chainer.Timeline()

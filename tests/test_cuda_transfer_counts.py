@@ -252,6 +252,51 @@ def test_publish_writes_exactly_its_chunk_into_the_replica(staged):
                                      device_before[span.stop:])
 
 
+@pytest.mark.parametrize('staged', [False, True])
+def test_two_replicas_on_one_device_keep_their_own_streams_and_buffers(
+        staged):
+    # A GPU named twice: two transfers on one device (one CuPy stand-in),
+    # over the one master buffer, their copies interleaved.
+    layout = _layout()
+    copies = NumpyCopies()
+    master = _master_buffer(layout, 1)
+    replicas = [_replica(layout, seed) for seed in (0, 7)]
+    ports = [cuda_transfer.ChunkedCudaTransfer(
+        layout, master, None, replica, chainer.get_device('@numpy'),
+        staged=staged, copies=copies) for replica in replicas]
+    streams = [stream for port in ports
+               for stream in (port.d2h_stream, port.h2d_stream)]
+    assert len(set(map(id, streams))) == 4
+    for buffer in ('slot_buffer', 'param_buffer', 'grad_buffer'):
+        assert not numpy.shares_memory(getattr(ports[0], buffer),
+                                       getattr(ports[1], buffer)), buffer
+    for index, names in enumerate(CHUNKS):
+        for port in ports:
+            port.wait_params(index)
+    expected_grads = []
+    for seed, replica in zip((3, 4), replicas):
+        _set_grads(replica, seed)
+        expected_grads.append({name: param.grad.copy()
+                               for name, param in replica.items()})
+    for index, names in reversed(list(enumerate(CHUNKS))):
+        ready = [port.send_grads(names) for port in ports]
+        for port, event in zip(ports, ready):
+            port.wait_grads(event)
+            port.publish(index, names)
+    for port in ports:
+        for index in range(len(CHUNKS)):
+            port.wait_params(index)
+    copies.synchronize(copies.compute)
+    master_views = layout.views(master)
+    for port, replica, grads in zip(ports, replicas, expected_grads):
+        for name, param in replica.items():
+            numpy.testing.assert_array_equal(port.slots[name], grads[name],
+                                             err_msg=name)
+            numpy.testing.assert_array_equal(param.array,
+                                             master_views[name])
+            assert numpy.shares_memory(param.array, port.param_buffer)
+
+
 def test_the_replica_keeps_its_values_as_views_of_the_device_buffer():
     layout = _layout()
     replica = _replica(layout, 5)

@@ -62,8 +62,7 @@ def test_evaluation_on_the_first_numpy_device_equals_standard_updater(
 @pytest.mark.parametrize('workers', equivalence.WORKERS)
 def test_evaluation_on_the_first_gpu_equals_standard_updater(workers,
                                                              tmp_path):
-    from cgdp_chainer import devices
-    gpus = ['@cupy:{}'.format(i) for i in range(min(2, devices.gpu_count()))]
+    gpus = equivalence.two_gpu_replicas()
     base = L.Classifier(staged_models.StagedMLP())
     expected = _validation_losses(copy.deepcopy(base), equivalence.standard,
                                   '@numpy', tmp_path / 'standard')
@@ -197,3 +196,118 @@ def test_an_updater_on_numpy_devices_leaves_the_model_unhooked():
         assert device_view.DeviceView.name not in model.local_link_hooks
     finally:
         updater.finalize()
+
+
+class _LazyNet(chainer.Chain):
+    """Chainer's MNIST example's MLP in small: every Linear infers its
+    input size at the first forward; ``spare`` (if asked for) is never
+    called."""
+
+    def __init__(self, spare=False):
+        super(_LazyNet, self).__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(None, 8)
+            self.l2 = L.Linear(None, 5)
+            if spare:
+                self.spare = L.Linear(None, 2)
+
+    def forward(self, x):
+        return self.l2(F.relu(self.l1(x)))
+
+
+def _lazy_inputs():
+    return numpy.random.RandomState(3).normal(
+        size=(4, 6)).astype(numpy.float32)
+
+
+def test_the_view_leaves_a_lazy_models_gradients_as_a_plain_model_would():
+    # Evaluator(..., call_before_training=True) calls the master before
+    # any update: its parameters are uninitialized, and Chainer raises on
+    # reading their ``grad`` until a forward or cleargrads() sets one.
+    net = _LazyNet(spare=True)
+    plain = copy.deepcopy(net)
+    view = device_view.DeviceView(net, chainer.get_device('@numpy'),
+                                  lambda: 0)
+    view.install()
+    x = _lazy_inputs()
+    outputs = []
+    for model in (plain, net):
+        numpy.random.seed(0)  # the initializers draw from it
+        with chainer.using_config('train', False):
+            outputs.append(model(x).array)
+    numpy.testing.assert_array_equal(outputs[1], outputs[0])
+    assert view.refreshes == 1
+    for (name, expected), (_, actual) in zip(plain.namedparams(),
+                                             net.namedparams()):
+        assert actual.is_initialized == expected.is_initialized, name
+        if not expected.is_initialized:
+            # The spare's gradients are as unreadable as before.
+            with pytest.raises(RuntimeError, match='Variable.grad'):
+                actual.grad
+            continue
+        numpy.testing.assert_array_equal(actual.array, expected.array)
+        # NaN-filled, as Chainer initializes them, on the host.
+        assert isinstance(actual.grad, numpy.ndarray)
+        numpy.testing.assert_array_equal(actual.grad, expected.grad)
+    # Gradients set since come back as they are; the spare's still raise.
+    grad = numpy.ones_like(net.l1.W.array)
+    net.l1.W.grad = grad
+    net.l2.cleargrads()
+    with chainer.using_config('train', False):
+        net(x)
+    assert view.refreshes == 2  # the arrays initialized since
+    assert net.l1.W.grad is grad and net.l2.W.grad is None
+    with pytest.raises(RuntimeError, match='Variable.grad'):
+        net.spare.W.grad
+
+
+def _lazy_example_run(make_updater, out, view_on):
+    """The MNIST example's shape in small: a lazy model, an Evaluator
+    called before training and after every iteration, snapshots and logs.
+    ``view_on``: the device a DeviceView on the master is built for (the
+    updater's own on a GPU), or None. Returns the validation losses and
+    the trained model."""
+    numpy.random.seed(0)
+    model = L.Classifier(_LazyNet())
+    data = staged_models.dataset()
+    optimizer = chainer.optimizers.Adam()
+    optimizer.setup(model)
+    updater = make_updater(
+        chainer.iterators.SerialIterator(data, BATCH, shuffle=False),
+        optimizer)
+    if view_on is not None:
+        device_view.DeviceView(model, chainer.get_device(view_on),
+                               lambda: updater.iteration).install()
+    trainer = chainer.training.Trainer(updater, (ITERATIONS, 'iteration'),
+                                       out=str(out))
+    trainer.extend(extensions.Evaluator(
+        chainer.iterators.SerialIterator(data, BATCH, repeat=False,
+                                         shuffle=False),
+        model, device='@numpy'), trigger=(1, 'iteration'),
+        call_before_training=True)
+    trainer.extend(extensions.DumpGraph('main/loss'))
+    trainer.extend(extensions.snapshot(n_retains=1),
+                   trigger=(ITERATIONS, 'iteration'))
+    log = extensions.LogReport(trigger=(1, 'iteration'))
+    trainer.extend(log, call_before_training=True)
+    trainer.run()
+    params = {name: param.array.copy()
+              for name, param in model.namedparams()}
+    return [float(entry['validation/main/loss']) for entry in log.log], params
+
+
+@pytest.mark.parametrize('workers', [
+    'thread', pytest.param('process', marks=pytest.mark.slow)])
+def test_a_viewed_lazy_model_evaluated_before_training_trains_as_standard(
+        workers, tmp_path):
+    # A CPU stand-in of the GPU run: the view is built for '@numpy', so
+    # that every evaluation swaps the master's arrays as on a GPU.
+    expected, standard_params = _lazy_example_run(
+        equivalence.standard, tmp_path / 'standard', None)
+    actual, params = _lazy_example_run(
+        equivalence.cgdp(2, workers=workers), tmp_path / 'cgdp', '@numpy')
+    assert len(actual) == ITERATIONS + 1  # and once before training
+    numpy.testing.assert_allclose(actual, expected, rtol=1e-5)
+    equivalence.assert_same_params(standard_params, params)
+    assert (tmp_path / 'cgdp' / 'cg.dot').exists()
+    assert (tmp_path / 'cgdp' / 'snapshot_iter_3').exists()

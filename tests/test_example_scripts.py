@@ -49,14 +49,14 @@ def _log(out):
         return json.load(f)
 
 
-def _assert_same_npz(expected_path, actual_path):
+def _assert_same_npz(expected_path, actual_path, rtol=1e-5, atol=1e-6):
     with numpy.load(expected_path) as expected, \
             numpy.load(actual_path) as actual:
         assert sorted(expected.files) == sorted(actual.files)
         assert expected.files
         for name in expected.files:
             numpy.testing.assert_allclose(actual[name], expected[name],
-                                          rtol=1e-5, atol=1e-6,
+                                          rtol=rtol, atol=atol,
                                           err_msg=name)
 
 
@@ -82,6 +82,58 @@ def test_multiprocess_parallel_updater_mnist_example_switched(
     _run(script, tmp_path / 'cgdp', dataset_root, '--updater', 'cgdp', *args)
     # Two iterators of 24 examples, 6 a batch, 2 epochs of the first.
     _assert_trained_alike(tmp_path, 'standard')
+
+
+def _single_device_mnist_switched(tmp_path, dataset_root, device, workers,
+                                  rtol=1e-5, atol=1e-6):
+    """train_mnist.py's shape: a lazy model first called by the Evaluator
+    before training (on ``device``, through CGDP's view of the master on a
+    GPU); the switched run stops after its first epoch and resumes from its
+    snapshot (--autoload), and ends with StandardUpdater's model (within
+    ``rtol`` and ``atol``: on a GPU, StandardUpdater's update runs there,
+    CGDP's on the host)."""
+    script = 'train_mnist_switched.py'
+    args = ['--device', device, '--workers', workers]
+    _run(script, tmp_path / 'standard', dataset_root, '--updater',
+         'standard', *args)
+    _run(script, tmp_path / 'cgdp', dataset_root, '--updater', 'cgdp',
+         '--epoch', '1', *args)
+    assert (tmp_path / 'cgdp' / 'snapshot_iter_4').exists()
+    completed = _run(script, tmp_path / 'cgdp', dataset_root, '--updater',
+                     'cgdp', '--epoch', '2', '--autoload', *args)
+    # 48 examples, 12 a batch, 2 epochs; snapshots keep the latest only.
+    assert sorted(path.name for path in (tmp_path / 'cgdp').iterdir()
+                  if path.name.startswith('snapshot')) == ['snapshot_iter_8']
+    for name in ('cg.dot', 'loss.png', 'accuracy.png'):
+        assert (tmp_path / 'cgdp' / name).exists(), name
+    assert 'validation/main/loss' in completed.stdout  # PrintReport
+    expected, log = _log(tmp_path / 'standard'), _log(tmp_path / 'cgdp')
+    # Before training, then after each epoch: the resumed run's log
+    # continues the first run's.
+    assert [entry['epoch'] for entry in log] == [0, 1, 2]
+    for key in ('validation/main/loss', 'validation/main/accuracy',
+                'main/loss'):
+        numpy.testing.assert_allclose(
+            [entry.get(key, 0.0) for entry in log],
+            [entry.get(key, 0.0) for entry in expected], rtol=rtol,
+            atol=atol, err_msg=key)
+    _assert_same_npz(str(tmp_path / 'standard' / 'model.npz'),
+                     str(tmp_path / 'cgdp' / 'model.npz'), rtol, atol)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('workers', ['thread', 'process'])
+def test_single_device_mnist_example_switched(tmp_path, dataset_root,
+                                              workers):
+    _single_device_mnist_switched(tmp_path, dataset_root, '-1', workers)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize('workers', ['thread', 'process'])
+def test_single_device_mnist_example_switched_on_a_gpu(tmp_path,
+                                                       dataset_root, workers):
+    _single_device_mnist_switched(tmp_path, dataset_root, '0', workers,
+                                  rtol=1e-4, atol=1e-5)
 
 
 def _assert_trained_alike(tmp_path, reference):

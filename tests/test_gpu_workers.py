@@ -24,8 +24,7 @@ def _momentum(model):
 @pytest.mark.gpu
 @pytest.mark.parametrize('workers', equivalence.WORKERS)
 def test_gpu_replicas_equal_one_device_on_the_whole_batch(workers):
-    from cgdp_chainer import devices
-    gpus = ['@cupy:{}'.format(i) for i in range(min(2, devices.gpu_count()))]
+    gpus = equivalence.two_gpu_replicas()
     base = L.Classifier(staged_models.StagedMLP())
     expected = equivalence.train(copy.deepcopy(base), _momentum,
                                  equivalence.standard)
@@ -68,8 +67,7 @@ class _WideMLP(chainer.Chain):
 def test_thread_workers_first_step_uses_the_initial_weights():
     """The replica's weights reach its GPU before its first forward reads
     them (the copy runs on the replica's own stream)."""
-    from cgdp_chainer import devices
-    gpus = ['@cupy:{}'.format(i) for i in range(min(2, devices.gpu_count()))]
+    gpus = equivalence.two_gpu_replicas()
     base = L.Classifier(_WideMLP())
     expected = equivalence.train(copy.deepcopy(base), _momentum,
                                  equivalence.standard, iterations=1)

@@ -15,6 +15,7 @@ import cgdp_chainer
 from cgdp_chainer.runtime import shared
 from cgdp_chainer.runtime import worker as worker_module
 
+import equivalence
 from equivalence import WORKERS, assert_same_params
 import nlp_models
 import staged_models
@@ -164,8 +165,7 @@ def test_seq2seq_shaped_model_with_a_dict_of_ragged_lists(workers):
 @pytest.mark.gpu
 @pytest.mark.parametrize('workers', WORKERS)
 def test_seq2seq_shaped_model_on_gpus(workers):
-    from cgdp_chainer import devices
-    gpus = ['@cupy:{}'.format(i) for i in range(min(2, devices.gpu_count()))]
+    gpus = equivalence.two_gpu_replicas()
     data = nlp_models.sentence_pairs()
     model = nlp_models.TinySeq2seq()
     expected = _train(copy.deepcopy(model), nlp_models.convert_pairs,

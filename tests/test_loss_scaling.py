@@ -170,6 +170,8 @@ def test_fp32_update_with_mixed16_trains_as_standard_updater(workers):
 @pytest.mark.parametrize('scaling', ['static', 'dynamic'])
 def test_loss_scaling_on_gpus(scaling):
     def gpus(iterator, optimizer, loss_scale):
+        # Two replicas on GPU 0 (a device named twice): the poisoned
+        # example is replica 1's alone, as on two GPUs.
         return cgdp_chainer.CGDPUpdater(
             iterator, optimizer, ['@cupy:0', '@cupy:0'], chunk_size=1,
             loss_scale=loss_scale)

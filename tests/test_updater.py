@@ -501,12 +501,10 @@ def test_host_reduction_order_within_a_chunk_backward_is_per_chunk():
 
 
 @pytest.mark.gpu
-def test_two_gpus_equal_one_device_on_whole_batch():
-    from cgdp_chainer import devices
-    n = min(2, devices.gpu_count())
+def test_two_gpu_replicas_equal_one_device_on_whole_batch():
     base = L.Classifier(staged_models.StagedMLP())
     expected = train(copy.deepcopy(base), 'momentum', standard)
-    gpus = ['@cupy:{}'.format(i) for i in range(n)]
+    gpus = equivalence.two_gpu_replicas()
 
     def make(iterator, optimizer):
         return cgdp_chainer.CGDPUpdater(iterator, optimizer, gpus,

@@ -10,7 +10,12 @@ values are device copies, refreshed only when the master changed since
 the last such call (a new iteration, an array replaced), so training pays
 nothing for it and an evaluation one host-to-device copy of the weights.
 Outside those calls the master is what it always is; the updater's own
-calls (with host inputs) never trigger it.
+calls (with host inputs) never trigger it. Its gradients stay on the host,
+untouched, even those Chainer will not yet let anyone read (a lazy
+parameter's before its first forward, as an Evaluator called before
+training meets them); a lazy parameter that such a call initializes is
+initialized on the device, as the replaced updater's model would be, and
+comes to the host with its weights.
 
 Copies of the master (``copy.deepcopy``, pickling: the thread and process
 replicas, a user's copy) get an inert hook.
@@ -104,9 +109,12 @@ class DeviceView(chainer.LinkHook):
         # Links and parameters say they are on the host again (no copy:
         # every array is there).
         self._master.to_device(self._host)
-        for param, _, grad in params:
-            if grad is not None:
-                param.grad = grad
+        for param, array, grad_var in params:
+            # A parameter the forward initialized keeps the gradient its
+            # initialization gave (moved to the host above), as a plain
+            # model's would; one still uninitialized had none to take.
+            if array is not None:
+                param.grad_var = grad_var
 
     # -- the copies -----------------------------------------------------
 
@@ -135,10 +143,14 @@ class DeviceView(chainer.LinkHook):
     def _swap_in(self):
         params = []
         for path, param in self._master.namedparams():
-            params.append((param, param.array, param.grad))
             # Without their gradients, which stay on the host untouched
-            # (to_device would copy them).
-            param.grad = None
+            # (to_device would copy them). Through ``grad_var``, which
+            # neither raises nor changes whether the gradient is valid:
+            # ``param.grad`` raises while it is not (a lazy parameter not
+            # yet initialized, before any cleargrads()), and assigning
+            # ``param.grad`` would make it valid.
+            params.append((param, param.array, param.grad_var))
+            param.grad_var = None
             device_array = self._params.get(path)
             if device_array is not None:
                 param.array = device_array

@@ -27,6 +27,19 @@ class MLP(chainer.Chain):
         return self.l3(h2)
 
 
+class LazyMLP(MLP):
+    """train_mnist.MLP of Chainer's examples as it is: each layer infers
+    its input size at its first forward (the example's single-device
+    updater, StandardUpdater, initializes the one model it trains)."""
+
+    def __init__(self, n_units, n_out):
+        chainer.Chain.__init__(self)
+        with self.init_scope():
+            self.l1 = L.Linear(None, n_units)
+            self.l2 = L.Linear(None, n_units)
+            self.l3 = L.Linear(None, n_out)
+
+
 class TinyConvNet(chainer.Chain):
     """A convolution and a linear layer: the ImageNet example's shape of
     network (images in, classes out) at a size the CPU trains at once."""
