@@ -243,3 +243,19 @@ def test_shares_that_agree_are_told_apart_on_finer_shares():
     assert_same_params(
         {name: p.array for name, p in expected.namedparams()},
         {name: p.array for name, p in model.namedparams()})
+
+
+def test_a_lazy_layer_the_loss_never_calls_is_refused_by_name():
+    model = LazyConvBatchNorm()
+    with model.init_scope():
+        model.unused = L.Linear(None, 2)
+    optimizer = chainer.optimizers.SGD()
+    optimizer.setup(model)
+    updater = cgdp_chainer.CGDPUpdater(
+        chainer.iterators.SerialIterator(_images(), 6, shuffle=False),
+        optimizer, ['@numpy'], workers='thread')
+    try:
+        with pytest.raises(ValueError, match='/unused/W'):
+            updater.update()
+    finally:
+        updater.finalize()

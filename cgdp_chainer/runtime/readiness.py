@@ -931,6 +931,26 @@ def has_uninitialized_params(link):
     return any(param.array is None for param in link.params())
 
 
+def refuse_uninitialized(link):
+    """Raises ValueError naming the parameters that the first forward left
+    uninitialized (lazy layers the loss never called): CGDP lays every
+    parameter out in its flat buffers before training, so it needs their
+    shapes.
+
+    Args:
+        link (chainer.Link): The master, after its first forward.
+    """
+    missing = [name for name, param in link.namedparams()
+               if param.array is None]
+    if missing:
+        raise ValueError(
+            'the first forward left {} uninitialized (a lazy layer the '
+            'loss does not call); CGDP lays every parameter out before '
+            'training, so give the layer its input size (e.g. '
+            'L.Linear(in_size, out_size)), call it once before training, '
+            'or remove it from the model'.format(', '.join(missing)))
+
+
 def initialize_from_first_batch(lossfun, in_arrays):
     """Runs the loss forward once on the master with the whole first batch.
 

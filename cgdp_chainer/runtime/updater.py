@@ -812,6 +812,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                 chainer.config.keep_graph_on_report:
             first_reports = self._forward_on_master(batch.whole_inputs)
             master.to_device('@numpy')
+            readiness.refuse_uninitialized(master)
         if self._mpi_comm is not None:
             from cgdp_chainer import mpi
             mpi.check_consistency(self._mpi_comm, master, optimizer)
