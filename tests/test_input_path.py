@@ -293,3 +293,27 @@ def test_an_error_in_get_example_surfaces_with_its_traceback(workers):
     frames = [frame.name for frame in traceback.extract_tb(info.tb)]
     assert 'get_example' in frames
     assert iterator.current_position == 8  # as SerialIterator leaves it
+
+
+def test_a_gpu_replicas_reader_gives_views_of_the_segment_once():
+    from cgdp_chainer.runtime import shared
+    buffer, reader = shared.BatchBuffer(), shared.BatchReader()
+    small = (numpy.arange(6, dtype=numpy.float32).reshape(2, 3),
+             numpy.array([1, 2], numpy.int32))
+    try:
+        x, t = reader.read(buffer.write(small), copy=False)
+        numpy.testing.assert_array_equal(x, small[0])
+        numpy.testing.assert_array_equal(t, small[1])
+        # Views of the segment, not copies (the replica's device copies).
+        assert not x.flags.owndata and not x.flags.writeable
+        copied, _ = reader.read(buffer.write(small))
+        assert copied.flags.owndata
+        del x, t, copied
+        # A larger batch moves to a new segment: the old one is unmapped.
+        large = numpy.arange(1 << 16, dtype=numpy.float64)
+        back = reader.read(buffer.write(large), copy=False)
+        numpy.testing.assert_array_equal(back, large)
+        del back
+    finally:
+        reader.close()
+        buffer.close()

@@ -249,6 +249,10 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             the whole batch, and its output must hold the examples along
             the first axis of every array (lists in it are refused: a
             ragged list of examples cannot be told from a container).
+            With a ``SerialIterator`` the next batch is read (the dataset's
+            ``get_example``) and converted in a background thread while an
+            iteration computes, the iterator moving only when the batch is
+            used (see :mod:`~cgdp_chainer.runtime.input_path`).
         loss_func (callable): ``loss_func(*in_arrays)`` returns the loss,
             as in ``StandardUpdater``; by default the target itself.
         loss_scale (float or None): Loss scaling factor, as in
