@@ -2,6 +2,7 @@
 ahead while an iteration computes leaves the iterator, the snapshots, the
 random streams and the result exactly StandardUpdater's; each share is
 converted once; errors in the background surface."""
+import threading
 import traceback
 
 import chainer
@@ -281,6 +282,7 @@ def test_an_error_in_get_example_surfaces_with_its_traceback(workers):
     model = semantics_models.CountingClassifier(sum_loss=False)
     iterator = chainer.iterators.SerialIterator(_Recording(fail_at=6), 4,
                                                 shuffle=False)
+    before = threading.active_count()
     updater = _cgdp(workers)(iterator, chainer.optimizers.SGD().setup(
         model))
     try:
@@ -288,6 +290,9 @@ def test_an_error_in_get_example_surfaces_with_its_traceback(workers):
         assert iterator.current_position == 4
         with pytest.raises(KeyError, match='example 6 is missing') as info:
             updater.update()
+        # Every thread of the updater ended with the error, before
+        # finalize(): the background ones too.
+        assert threading.active_count() == before
     finally:
         updater.finalize()
     frames = [frame.name for frame in traceback.extract_tb(info.tb)]

@@ -1132,14 +1132,14 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self._stop_replicas()
             if self._device_view is not None:
                 self._device_view.uninstall()
-            if self._input_path is not None:
-                self._input_path.close()
             super(CGDPUpdater, self).finalize()
 
     def _stop_replicas(self):
         if self._closed:
             return
         self._closed = True
+        if self._input_path is not None:
+            self._input_path.close()  # its threads end with the workers
         # The host threads end first: they read the replicas' buffers,
         # which closing the replicas frees.
         if self._accumulator is not None:
