@@ -300,6 +300,10 @@ _FAILING_SCRIPT = '''
                              multiprocessing.active_children()))
         FAULT[0] = {fault!r}
         try:
+            # The second batch was converted while the first iteration
+            # computed (cgdp_chainer.runtime.input_path): the fault
+            # shows in the third.
+            updater.update()
             updater.update()
         except Exception as error:
             print('caught', type(error).__name__, flush=True)
