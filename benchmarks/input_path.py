@@ -10,9 +10,11 @@ image-sized array, from a random stream of the dataset's own, as data
 loaders augment), read through a ``SerialIterator``. CGDP reads and
 converts the next batch while an iteration computes (see
 :mod:`cgdp_chainer.runtime.input_path`); StandardUpdater reads it at the
-start of each iteration. Rounds alternate between the two; the ratio of
-the medians is printed (target <= 0.85). The machine's other load shows
-in the numbers: rerun when it was busy.
+start of each iteration. Rounds alternate between the two, each also
+without the augmentation; the ratio of the medians is printed (target
+<= 0.85), with what the input adds to an iteration of each (the overlap,
+apart from CGDP's own cost per iteration on this small model). The
+machine's other load shows in the numbers: rerun when it was busy.
 """
 import argparse
 import statistics
@@ -68,17 +70,16 @@ class AugmentedImages(chainer.dataset.DatasetMixin):
         return x.astype(numpy.float32), self.labels[i]
 
 
-def _updater(mode, args):
+def _updater(mode, args, passes):
     model = L.Classifier(SmallConvNet())
     optimizer = chainer.optimizers.MomentumSGD(0.01).setup(model)
-    dataset = AugmentedImages(args.batch * 16, args.image_size,
-                              args.augment)
+    dataset = AugmentedImages(args.batch * 16, args.image_size, passes)
     iterator = chainer.iterators.SerialIterator(dataset, args.batch,
                                                 shuffle=True)
     if mode == 'standard':
         return updaters.StandardUpdater(iterator, optimizer)
     return cgdp_chainer.CGDPUpdater(
-        iterator, optimizer, ['@numpy'], workers='process',
+        iterator, optimizer, ['@numpy'], workers=args.workers,
         blas_threads=args.blas_threads)
 
 
@@ -113,26 +114,38 @@ def main(argv=None):
     parser.add_argument('--iterations', type=int, default=8)
     parser.add_argument('--warmup', type=int, default=2)
     parser.add_argument('--rounds', type=int, default=3)
+    parser.add_argument('--workers', default='process',
+                        choices=('process', 'thread'))
     parser.add_argument('--blas-threads', type=int, default=None,
                         help="the CGDP replica's (default: CGDP's, all "
                         'cores for one replica)')
     args = parser.parse_args(argv)
-    times = {'standard': [], 'cgdp': []}
+    # Each updater with the augmentation and without: what the input adds
+    # to an iteration of each tells the overlap apart from CGDP's own
+    # per-iteration cost on the model.
+    runs = [(mode, passes) for passes in (args.augment, 0)
+            for mode in ('standard', 'cgdp')]
+    times = {run: [] for run in runs}
     for _ in range(args.rounds):
-        for mode in ('standard', 'cgdp'):
-            times[mode].append(_median_iteration(_updater(mode, args), args))
-    standard = statistics.median(times['standard'])
-    cgdp = statistics.median(times['cgdp'])
+        for mode, passes in runs:
+            times[mode, passes].append(_median_iteration(
+                _updater(mode, args, passes), args))
+    median = {run: statistics.median(values)
+              for run, values in times.items()}
+    standard, cgdp = median['standard', args.augment], median[
+        'cgdp', args.augment]
     print('[input] batch {} at {} px, {} augmentation passes: reading and '
           'converting a batch {:.3f} s; StandardUpdater {:.3f} s, CGDP '
-          '(1 @numpy replica, process) {:.3f} s per iteration; '
-          'CGDP/Standard = {:.3f} (target <= 0.85); rounds: standard {}, '
-          'cgdp {}'.format(
+          '(1 @numpy replica, {}) {:.3f} s per iteration; '
+          'CGDP/Standard = {:.3f} (target <= 0.85); the input adds {:.3f} s '
+          'to an iteration of StandardUpdater, {:.3f} s to one of CGDP '
+          '(without it: {:.3f} s and {:.3f} s); rounds: {}'.format(
               args.batch, args.image_size, args.augment, _input_share(args),
-              standard, cgdp, cgdp / standard,
-              ['{:.3f}'.format(t) for t in times['standard']],
-              ['{:.3f}'.format(t) for t in times['cgdp']]), flush=True)
-
+              standard, args.workers, cgdp, cgdp / standard,
+              standard - median['standard', 0], cgdp - median['cgdp', 0],
+              median['standard', 0], median['cgdp', 0],
+              {'{} {}'.format(*run): ['{:.3f}'.format(t) for t in values]
+               for run, values in times.items()}), flush=True)
 
 if __name__ == '__main__':
     main()
