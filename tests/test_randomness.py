@@ -288,7 +288,10 @@ def test_caller_draws_and_shuffles_are_standard_updaters(workers):
         runs.append((params, accessed, next_draws))
     (expected, expected_order, expected_draws), \
         (actual, actual_order, actual_draws) = runs
-    assert actual_order == expected_order
+    # The same reads in the same order; CGDP read the next batch ahead
+    # (cgdp_chainer.runtime.input_path) for an iteration that did not run.
+    assert actual_order[:len(expected_order)] == expected_order
+    assert len(actual_order) - len(expected_order) in (0, BATCH)
     assert sorted(actual_order[:N_EXAMPLES]) == list(range(N_EXAMPLES))
     assert actual_order[:N_EXAMPLES] != actual_order[N_EXAMPLES:][:N_EXAMPLES]
     numpy.testing.assert_array_equal(actual_draws, expected_draws)

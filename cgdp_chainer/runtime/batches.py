@@ -78,7 +78,11 @@ def is_list_of_examples(batch):
     return isinstance(batch, list)
 
 
-def from_iterator_batch(batch, n, convert):
+def _one_by_one(convert):
+    return lambda shares: [convert(share) for share in shares]
+
+
+def from_iterator_batch(batch, n, convert, convert_shares=None):
     """The batch of a single iterator, split over ``n`` devices.
 
     Args:
@@ -86,6 +90,8 @@ def from_iterator_batch(batch, n, convert):
         n (int): Devices.
         convert (callable): ``convert(examples)``: the converter with the
             host device.
+        convert_shares (callable or None): ``convert_shares(shares)``: each
+            share converted (in parallel); by default one by one.
 
     Returns:
         Batch: The devices' shares.
@@ -100,8 +106,9 @@ def from_iterator_batch(batch, n, convert):
             raise ValueError(
                 'the batch has {} examples, fewer than the {} '
                 'devices'.format(len(batch), n))
+        convert_shares = convert_shares or _one_by_one(convert)
         return Batch([len(batch[i::n]) for i in range(n)],
-                     lambda: [convert(batch[i::n]) for i in range(n)],
+                     lambda: convert_shares([batch[i::n] for i in range(n)]),
                      lambda: convert(batch), _example_splitter(batch, convert),
                      'a list of examples')
     whole = convert(batch)
@@ -128,13 +135,37 @@ def _converted_splitter(converted, form):
     return split
 
 
-def from_device_batches(batches, convert):
+def from_read_ahead(counts, result, convert):
+    """A batch of examples read ahead and its shares converted in the
+    background (see :mod:`~cgdp_chainer.runtime.input_path`).
+
+    Args:
+        counts (list of int): The examples of each share (``examples[i::n]``
+            for device ``i`` of ``n``).
+        result (callable): Waits for the background work; returns
+            ``(examples, converted shares)``, or raises what it raised.
+        convert (callable): The converter with the host device (for the
+            whole batch and the comparisons' splits).
+    """
+    def examples():
+        return result()[0]
+
+    def split(k):
+        return _example_splitter(examples(), convert)(k)
+
+    return Batch(counts, lambda: result()[1], lambda: convert(examples()),
+                 split, 'a list of examples')
+
+
+def from_device_batches(batches, convert, convert_shares=None):
     """The batches of the iterator-list form, one per device; the whole
     batch is their concatenation.
 
     Args:
         batches (list): What each iterator's ``next()`` returned.
         convert (callable): The converter with the host device.
+        convert_shares (callable or None): As for
+            :func:`from_iterator_batch`.
 
     Returns:
         Batch: One share per iterator.
@@ -149,8 +180,9 @@ def from_device_batches(batches, convert):
                 raise ValueError('the iterator of device {} gave an empty '
                                  'batch'.format(index))
         examples = [example for share in batches for example in share]
+        convert_shares = convert_shares or _one_by_one(convert)
         return Batch([len(share) for share in batches],
-                     lambda: [convert(share) for share in batches],
+                     lambda: convert_shares(batches),
                      lambda: convert(examples),
                      _example_splitter(examples, convert),
                      'a list of examples per device')

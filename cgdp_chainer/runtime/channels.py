@@ -813,8 +813,12 @@ class _WorkerServer(object):
             job, description = item
             self.abort.clear()
             try:
-                in_arrays = self.batches.read(description)
+                # A GPU replica sends its share to the device at once:
+                # views of the segment save a pass over it.
+                in_arrays = self.batches.read(
+                    description, copy=not self.transfer.is_gpu)
                 result = self.worker.run(job, in_arrays)
+                in_arrays = None  # no view outlives the iteration
                 self.link.flush()
                 self.sender.send(('done', job.iteration, result))
             except worker_module.Aborted:

@@ -219,9 +219,20 @@ class BatchReader(object):
         self._name = None
         self._mapped = None
 
-    def read(self, description):
+    def read(self, description, copy=True):
         """The sub-batch written by :meth:`BatchBuffer.write`, in the
-        containers it had there."""
+        containers it had there.
+
+        Args:
+            description (tuple): What :meth:`BatchBuffer.write` returned.
+            copy (bool): Whether the arrays are copies (the replica computes
+                on them) or read-only views of the segment, for a GPU
+                replica, which sends them to its device at once: CuPy
+                copies them into pinned memory of its own before the
+                asynchronous copy, so that a private copy first would only
+                add a pass over the share. The views must be dropped before
+                the next :meth:`read`, which may map another segment.
+        """
         name, size, structure, entries = description
         if name != self._name:
             self.close()
@@ -237,13 +248,19 @@ class BatchReader(object):
             count = math.prod(shape)
             view = numpy.frombuffer(self._mapped, dtype=numpy.dtype(dtype),
                                     count=count, offset=offset)
-            flat.append(view.reshape(shape).copy())
+            flat.append(view.reshape(shape).copy() if copy else
+                        view.reshape(shape))
             del view
         return unflatten_inputs(pickle.loads(structure), flat)
 
     def close(self):
         if self._mapped is not None:
-            self._mapped.close()
+            try:
+                self._mapped.close()
+            except BufferError:
+                # A view of it is still alive (an error's traceback): it
+                # is unmapped once that view is freed.
+                pass
             self._mapped = None
             self._name = None
 

@@ -13,7 +13,6 @@ from chainer.training.updaters import standard_updater
 import numpy
 
 from cgdp_chainer.runtime import accumulator as accumulator_module
-from cgdp_chainer.runtime import batches as batches_module
 from cgdp_chainer.runtime import buffers
 from cgdp_chainer import blas
 from cgdp_chainer import devices as devices_module
@@ -22,6 +21,7 @@ from cgdp_chainer import timeline as timeline_module
 from cgdp_chainer.runtime import channels
 from cgdp_chainer.runtime import chunking
 from cgdp_chainer.runtime import device_view
+from cgdp_chainer.runtime import input_path
 from cgdp_chainer.runtime import master as master_module
 from cgdp_chainer.runtime import observations
 from cgdp_chainer.runtime import readiness
@@ -249,6 +249,10 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             the whole batch, and its output must hold the examples along
             the first axis of every array (lists in it are refused: a
             ragged list of examples cannot be told from a container).
+            With a ``SerialIterator`` the next batch is read (the dataset's
+            ``get_example``) and converted in a background thread while an
+            iteration computes, the iterator moving only when the batch is
+            used (see :mod:`~cgdp_chainer.runtime.input_path`).
         loss_func (callable): ``loss_func(*in_arrays)`` returns the loss,
             as in ``StandardUpdater``; by default the target itself.
         loss_scale (float or None): Loss scaling factor, as in
@@ -278,6 +282,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     # Whether replica threads were found drawing from the global NumPy
     # state they share (warned once).
     _warned_shared_random = False
+    # The batches' source (made at the first update).
+    _input_path = None
 
     def __init__(self, iterator, optimizer, devices, chunk_size=None,
                  reduction=None, converter=convert.concat_examples,
@@ -539,6 +545,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             # schedule on the master that training would leave unfinished.
             with static_graph_models.define_by_run():
                 first_reports = self._start(batch)
+        # The next batch is read and converted while this one computes.
+        self._input_path.read_ahead()
         inputs = batch.inputs
         # Each device's weight in 'mean': its fraction of the examples (the
         # iterators of the list form may give batches of different sizes).
@@ -774,23 +782,26 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     def _next_batches(self):
         """This iteration's examples: the 'main' iterator's batch split over
         the devices, or each iterator's batch in the list form, in any form
-        the iterators return (see :mod:`~cgdp_chainer.runtime.batches`).
+        the iterators return (see :mod:`~cgdp_chainer.runtime.batches`),
+        read ahead where that is exact (see
+        :mod:`~cgdp_chainer.runtime.input_path`).
 
         Returns:
             Batch: Each device's converted share, its examples and the
             whole batch.
         """
-        host = chainer.get_device('@numpy')
+        if self._input_path is None:
+            host = chainer.get_device('@numpy')
 
-        def convert_on_host(examples):
-            return convert._call_converter(self.converter, examples, host)
+            def convert_on_host(examples):
+                return convert._call_converter(self.converter, examples, host)
 
-        if self._device_iterators is None:
-            return batches_module.from_iterator_batch(
-                self.get_iterator('main').next(), len(self._devices),
-                convert_on_host)
-        return batches_module.from_device_batches(
-            [it.next() for it in self._device_iterators], convert_on_host)
+            split = self._device_iterators is None
+            self._input_path = input_path.InputPath(
+                [self.get_iterator('main')] if split else
+                self._device_iterators, convert_on_host, len(self._devices),
+                split, self._say)
+        return self._input_path.next_batch()
 
     def _start(self, batch):
         """Initializes lazy parameters, checks the MPI ranks, finds how
@@ -1129,6 +1140,9 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         if isinstance(serializer, chainer.serializer.Deserializer) and \
                 self._device_view is not None:
             self._device_view.invalidate()
+        if isinstance(serializer, chainer.serializer.Deserializer) and \
+                self._input_path is not None:
+            self._input_path.discard()  # read from the old position
 
     def _serialize_random_base(self, serializer):
         """Saves or restores the base seed of the replicas' random streams
@@ -1161,6 +1175,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         if self._closed:
             return
         self._closed = True
+        if self._input_path is not None:
+            self._input_path.close()  # its threads end with the workers
         # The host threads end first: they read the replicas' buffers,
         # which closing the replicas frees.
         if self._accumulator is not None:
