@@ -5,7 +5,7 @@ a network (ResNet-152's 60 M float32 parameters by default, read from the
 model definition, never run), in one run:
 
 - ``fused``: one host reduce and update through
-  :mod:`cgdp_chainer.runtime.host_update` (every backend available here:
+  :mod:`cgdp_chainer.runtime.host.host_update` (every backend available here:
   numba and blocked NumPy), all host threads;
 - ``chainer``: the unfused path: the accumulator's block reduction into
   ``param.grad``, then Chainer's own update rule, parameter by parameter;
@@ -45,7 +45,7 @@ import numpy
 
 import cgdp_chainer
 from cgdp_chainer import datasets
-from cgdp_chainer.runtime import host_update
+from cgdp_chainer.runtime.host import host_update
 from experiments import cli
 
 COPY_TARGET = 0.85

@@ -9,7 +9,7 @@ Each example is augmented in ``get_example`` (a few NumPy operations on an
 image-sized array, from a random stream of the dataset's own, as data
 loaders augment), read through a ``SerialIterator``. CGDP reads and
 converts the next batch while an iteration computes (see
-:mod:`cgdp_chainer.runtime.input_path`); StandardUpdater reads it at the
+:mod:`cgdp_chainer.runtime.input.input_path`); StandardUpdater reads it at the
 start of each iteration. Rounds alternate between the two, each also
 without the augmentation; the ratio of the medians is printed (target
 <= 0.85), with what the input adds to an iteration of each (the overlap,

@@ -16,7 +16,7 @@ import time
 import models  # NOQA: imports the compat module before Chainer
 import numpy
 
-from cgdp_chainer.runtime import readiness
+from cgdp_chainer.runtime.replica import readiness
 from experiments import cli
 
 

@@ -73,15 +73,15 @@ from chainer.training import updaters
 import numpy
 
 import cgdp_chainer
-from cgdp_chainer.runtime import accumulator as accumulator_module
-from cgdp_chainer.runtime import master as master_module
+from cgdp_chainer.runtime.host import accumulator as accumulator_module
+from cgdp_chainer.runtime.host import master as master_module
 from cgdp_chainer import blas
-from cgdp_chainer.runtime import buffers
+from cgdp_chainer.runtime.transport import buffers
 from cgdp_chainer import datasets
-from cgdp_chainer.runtime import readiness
-from cgdp_chainer.runtime import shared
-from cgdp_chainer.runtime import transfer as transfer_module
-from cgdp_chainer.runtime import worker as worker_module
+from cgdp_chainer.runtime.replica import readiness
+from cgdp_chainer.runtime.transport import shared
+from cgdp_chainer.runtime.transport import transfer as transfer_module
+from cgdp_chainer.runtime.replica import worker as worker_module
 
 PARTS = ('pairs', 'four', 'one', 'forms', 'startup', 'host', 'short',
          'hostwork', 'ranks', 'shortranks')

@@ -332,7 +332,7 @@ def check_chunk_size(chunk_size, net, n_layers):
     """Fails (exit 2) if an integer chunk size exceeds the network's layers.
 
     A CGDP chunk holds whole layers (links that own parameters, see
-    :func:`cgdp_chainer.runtime.readiness.count_layers`), so a size above
+    :func:`cgdp_chainer.runtime.replica.readiness.count_layers`), so a size above
     the layer count cannot be planned; policies (``'auto'``, ``'model'``)
     fit any network.
 

@@ -440,7 +440,7 @@ def check_measurable(kind, counts, modes, world=None):
 
 def layer_count(net):
     """The layers of a network as CGDP's ``chunk_size`` counts them: the
-    links that own parameters (:func:`cgdp_chainer.runtime.readiness.
+    links that own parameters (:func:`cgdp_chainer.runtime.replica.readiness.
     owner_of`), so the largest chunk size it takes.
 
     Builds the network once, on the CPU with one class: up to a few
@@ -449,7 +449,7 @@ def layer_count(net):
     Args:
         net (str): The network.
     """
-    from cgdp_chainer.runtime import readiness
+    from cgdp_chainer.runtime.replica import readiness
     return readiness.count_layers(train.build_model(net, n_classes=1))
 
 

@@ -784,7 +784,7 @@ def _checked_model(args):
     """
     model = build_model(args.net, n_classes=args.classes, seed=args.seed)
     if args.updater == 'cgdp':
-        from cgdp_chainer.runtime import readiness
+        from cgdp_chainer.runtime.replica import readiness
         cli.check_chunk_size(args.chunk_size, args.net,
                              readiness.count_layers(model))
     return model

@@ -8,8 +8,8 @@ import numpy
 import pytest
 
 import cgdp_chainer
-from cgdp_chainer.runtime import buffers
-from cgdp_chainer.runtime import readiness
+from cgdp_chainer.runtime.transport import buffers
+from cgdp_chainer.runtime.replica import readiness
 
 import equivalence
 from models import examples

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from cgdp_chainer.runtime.chunk_search import ChunkSizeSearch
+from cgdp_chainer.runtime.chunks.chunk_search import ChunkSizeSearch
 
 
 def drive(search, seconds_of_size, limit=1000):

@@ -827,7 +827,7 @@ def test_chunk_size_model_trains_a_model_without_stages():
 
 def test_plan_chunks_forms_the_runtimes_chunks():
     # Layers input side first; the runtime groups from the output end.
-    from cgdp_chainer.runtime import readiness
+    from cgdp_chainer.runtime.replica import readiness
     sizes = [400, 100, 300, 200, 100]
     order = ['/l{}/W'.format(i) for i in reversed(range(len(sizes)))]
     nbytes = {'/l{}/W'.format(i): b for i, b in enumerate(sizes)}

@@ -16,8 +16,8 @@ import pytest
 
 import cgdp_chainer
 
-from cgdp_chainer.runtime import buffers
-from cgdp_chainer.runtime import cuda_transfer
+from cgdp_chainer.runtime.transport import buffers
+from cgdp_chainer.runtime.transport import cuda_transfer
 
 # 7 arrays of mixed sizes and dtypes (several runs per chunk), 3 chunks.
 SPECS = [('/l0/W', (4, 3), numpy.float32), ('/l0/b', (4,), numpy.float32),

@@ -11,7 +11,7 @@ import numpy
 import pytest
 
 import cgdp_chainer
-from cgdp_chainer.runtime import device_view
+from cgdp_chainer.runtime.replica import device_view
 
 import equivalence
 import staged_models

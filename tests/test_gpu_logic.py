@@ -14,8 +14,8 @@ import pytest
 
 import cgdp_chainer
 from cgdp_chainer import devices
-from cgdp_chainer.runtime import channels
-from cgdp_chainer.runtime import transfer
+from cgdp_chainer.runtime.replica import channels
+from cgdp_chainer.runtime.transport import transfer
 from experiments import modes
 from experiments import plot
 from experiments import results

@@ -90,7 +90,7 @@ def test_sync_events_carry_no_timing():
     """The events that only order copies are cheaper without timing (the
     chunked transfer's round trip is tested in test_cuda_transfer_counts)."""
     import cupy
-    from cgdp_chainer.runtime import transfer
+    from cgdp_chainer.runtime.transport import transfer
     with cupy.cuda.Device(0):
         event = transfer.sync_event(cupy)
         event.record()

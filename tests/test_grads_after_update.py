@@ -11,7 +11,7 @@ import numpy
 import pytest
 
 import cgdp_chainer
-from cgdp_chainer.runtime import host_update
+from cgdp_chainer.runtime.host import host_update
 
 import equivalence
 import staged_models
@@ -231,7 +231,7 @@ def test_an_unknown_extension_makes_every_update_write(tmp_path):
 
 
 def test_gradient_classification_by_exact_type():
-    from cgdp_chainer.runtime import master
+    from cgdp_chainer.runtime.host import master
     blind = [extensions.LogReport(), extensions.PrintReport(['epoch']),
              extensions.ProgressBar(), extensions.snapshot(),
              extensions.snapshot_object(chainer.Link(), 'x'),

@@ -11,10 +11,10 @@ import numpy
 import pytest
 
 import cgdp_chainer
-from cgdp_chainer.runtime import accumulator
-from cgdp_chainer.runtime import buffers
-from cgdp_chainer.runtime import host_update
-from cgdp_chainer.runtime import transfer
+from cgdp_chainer.runtime.host import accumulator
+from cgdp_chainer.runtime.transport import buffers
+from cgdp_chainer.runtime.host import host_update
+from cgdp_chainer.runtime.transport import transfer
 import chainer
 from chainer import optimizer_hooks
 from chainer import optimizers

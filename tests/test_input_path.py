@@ -1,4 +1,4 @@
-"""The input path (cgdp_chainer.runtime.input_path): the next batch read
+"""The input path (cgdp_chainer.runtime.input.input_path): the next batch read
 ahead while an iteration computes leaves the iterator, the snapshots, the
 random streams and the result exactly StandardUpdater's; each share is
 converted once; errors in the background surface."""
@@ -301,7 +301,7 @@ def test_an_error_in_get_example_surfaces_with_its_traceback(workers):
 
 
 def test_a_gpu_replicas_reader_gives_views_of_the_segment_once():
-    from cgdp_chainer.runtime import shared
+    from cgdp_chainer.runtime.transport import shared
     buffer, reader = shared.BatchBuffer(), shared.BatchReader()
     small = (numpy.arange(6, dtype=numpy.float32).reshape(2, 3),
              numpy.array([1, 2], numpy.int32))

@@ -12,8 +12,8 @@ import numpy
 import pytest
 
 import cgdp_chainer
-from cgdp_chainer.runtime import shared
-from cgdp_chainer.runtime import worker as worker_module
+from cgdp_chainer.runtime.transport import shared
+from cgdp_chainer.runtime.replica import worker as worker_module
 
 import equivalence
 from equivalence import WORKERS, assert_same_params
@@ -213,7 +213,7 @@ def test_a_converter_error_stops_the_workers_and_closes_the_updater(
         updater.update()
         failing.append(True)
         # The second batch was read and converted while the first
-        # iteration computed (cgdp_chainer.runtime.input_path); the third
+        # iteration computed (cgdp_chainer.runtime.input.input_path); the third
         # ends the epoch, so it is converted at its iteration.
         updater.update()
         with pytest.raises(ValueError, match='injected converter failure'):
@@ -301,7 +301,7 @@ _FAILING_SCRIPT = '''
         FAULT[0] = {fault!r}
         try:
             # The second batch was converted while the first iteration
-            # computed (cgdp_chainer.runtime.input_path): the fault
+            # computed (cgdp_chainer.runtime.input.input_path): the fault
             # shows in the third.
             updater.update()
             updater.update()

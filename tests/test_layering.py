@@ -94,7 +94,7 @@ def without_package_roots(graph):
 
 def test_the_import_graph_finds_a_known_edge():
     graph = import_graph()
-    assert 'cgdp_chainer.runtime.accumulator' in graph[
+    assert 'cgdp_chainer.runtime.host.accumulator' in graph[
         'cgdp_chainer.runtime.updater']
 
 
@@ -116,4 +116,52 @@ def test_the_runtime_imports_nothing_above_it(upper):
         for name, targets in graph.items()
         if name.startswith('cgdp_chainer.runtime')
         for target in targets if target.startswith(upper))
+    assert offenders == []
+
+
+# The runtime's folders by role, each importing only the ones below it
+# (see cgdp_chainer/runtime/__init__.py); the front doors, at the top of
+# runtime/, may import them all.
+RUNTIME_LAYERS = [('input', 'chunks'), ('replica',), ('host',),
+                  ('transport',)]
+
+
+def runtime_folder(module):
+    """The runtime folder a module is in, or None (a front door, or a
+    module outside the runtime)."""
+    parts = module.split('.')
+    if parts[:2] != ['cgdp_chainer', 'runtime'] or len(parts) < 4:
+        return None
+    return parts[2]
+
+
+def layer_of(folder):
+    for depth, folders in enumerate(RUNTIME_LAYERS):
+        if folder in folders:
+            return depth
+    raise AssertionError('runtime/{} is in no layer'.format(folder))
+
+
+def test_every_runtime_folder_is_in_a_layer():
+    folders = {runtime_folder(name) for name in import_graph()} - {None}
+    assert folders == {f for layer in RUNTIME_LAYERS for f in layer}
+
+
+def test_runtime_folders_import_only_the_folders_below_them():
+    offenders = []
+    for name, targets in import_graph().items():
+        folder = runtime_folder(name)
+        if folder is None:
+            continue
+        for target in targets:
+            if target.startswith('cgdp_chainer.runtime') and \
+                    runtime_folder(target) is None and \
+                    target != 'cgdp_chainer.runtime':
+                offenders.append('{} -> {} (a front door)'.format(
+                    name, target))
+                continue
+            other = runtime_folder(target)
+            if other is not None and other != folder and \
+                    layer_of(other) <= layer_of(folder):
+                offenders.append('{} -> {}'.format(name, target))
     assert offenders == []

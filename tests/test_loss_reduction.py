@@ -11,7 +11,7 @@ import numpy
 import pytest
 
 import cgdp_chainer
-from cgdp_chainer.runtime import observations
+from cgdp_chainer.runtime.replica import observations
 
 import semantics_models
 import staged_models

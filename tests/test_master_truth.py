@@ -11,7 +11,7 @@ import numpy
 import pytest
 
 import cgdp_chainer
-from cgdp_chainer.runtime import master as master_module
+from cgdp_chainer.runtime.host import master as master_module
 from equivalence import assert_same_params, cgdp, standard
 import staged_models
 

@@ -11,7 +11,7 @@ import pytest
 
 import cgdp_chainer
 from cgdp_chainer import mpi as cgdp_mpi
-from cgdp_chainer.runtime.accumulator import optimizer_hooks
+from cgdp_chainer.runtime.host.accumulator import optimizer_hooks
 from test_mpi import assert_ok, mpiexec, run_mpi  # NOQA: F401 (fixture)
 
 

@@ -21,7 +21,7 @@ import pytest
 
 import chainer
 
-from cgdp_chainer.runtime import readiness
+from cgdp_chainer.runtime.replica import readiness
 import models
 from models import examples
 from experiments import costmodel_predict

@@ -11,7 +11,7 @@ import numpy
 import pytest
 
 import cgdp_chainer
-from cgdp_chainer.runtime import batches
+from cgdp_chainer.runtime.input import batches
 
 import semantics_models
 from equivalence import WORKERS, assert_same_params

@@ -317,7 +317,7 @@ def test_ctrl_c_to_the_whole_process_group_ends_the_run(tmp_path):
 
 
 def test_signal_round_trip_and_batch_hand_over_are_measurable():
-    from cgdp_chainer.runtime import shared
+    from cgdp_chainer.runtime.transport import shared
     updater = _updater()
     updater.update()
     round_trip = updater.signal_round_trip_seconds(repeats=20)

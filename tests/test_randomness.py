@@ -17,7 +17,7 @@ import pytest
 
 import cgdp_chainer
 from cgdp_chainer import randomness
-from cgdp_chainer.runtime import worker as worker_module
+from cgdp_chainer.runtime.replica import worker as worker_module
 
 BATCH = 4
 N_EXAMPLES = 12
@@ -289,7 +289,7 @@ def test_caller_draws_and_shuffles_are_standard_updaters(workers):
     (expected, expected_order, expected_draws), \
         (actual, actual_order, actual_draws) = runs
     # The same reads in the same order; CGDP read the next batch ahead
-    # (cgdp_chainer.runtime.input_path) for an iteration that did not run.
+    # (cgdp_chainer.runtime.input.input_path) for an iteration that did not run.
     assert actual_order[:len(expected_order)] == expected_order
     assert len(actual_order) - len(expected_order) in (0, BATCH)
     assert sorted(actual_order[:N_EXAMPLES]) == list(range(N_EXAMPLES))

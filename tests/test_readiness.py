@@ -1,4 +1,4 @@
-"""Tests of cgdp_chainer.runtime.readiness: gradients identical to
+"""Tests of cgdp_chainer.runtime.replica.readiness: gradients identical to
 loss.backward(), each parameter reported right after its last consumer's
 backward, chunk plans, the chunk-wait link hook, refusals and lazy init."""
 import copy
@@ -13,7 +13,7 @@ import chainer.computational_graph
 import chainer.functions as F
 import chainer.links as L
 
-from cgdp_chainer.runtime import readiness
+from cgdp_chainer.runtime.replica import readiness
 
 
 # ---------------------------------------------------------------- helpers

@@ -37,7 +37,7 @@ def cgdp_chunk_calls(arrays):
     simulation read these counts from.
 
     Each chunk lives in one contiguous slice of flat buffers
-    (``runtime/buffers.py``'s ``FlatLayout``): its hand-over is one copy per
+    (``runtime/transport/buffers.py``'s ``FlatLayout``): its hand-over is one copy per
     direction, after one gather of the replica's gradients (Chainer
     allocates them anew each backward, so they are not views of the flat
     buffer; the replica's parameters are, so the weights need no scatter),

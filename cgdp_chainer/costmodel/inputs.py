@@ -139,7 +139,7 @@ def check_chunk_size(chunk_size, n_layers):
 def plan_chunks(param_bytes, chunk_size):
     """The chunks the runtime forms, as layer ranges input side first.
 
-    Mirrors :meth:`cgdp_chainer.runtime.readiness.ChunkPlan.from_ready_order`
+    Mirrors :meth:`cgdp_chainer.runtime.replica.readiness.ChunkPlan.from_ready_order`
     on layers listed input side first (the reverse of its backward order).
 
     Args:

@@ -1,9 +1,9 @@
 """Per-layer costs of any Chainer model, in the runtime's unit and order.
 
 A *layer* is what the runtime's chunks are made of: a link that directly
-owns parameters (:func:`cgdp_chainer.runtime.readiness.count_layers`).
+owns parameters (:func:`cgdp_chainer.runtime.replica.readiness.count_layers`).
 Layers are listed input side first, the reverse of the ready order that
-:class:`~cgdp_chainer.runtime.readiness.ReadinessBackward` reports (the
+:class:`~cgdp_chainer.runtime.replica.readiness.ReadinessBackward` reports (the
 order in which the runtime's chunks form), so that the runtime's chunk ``c``
 from the output end is the cost model's chunk ``n - 1 - c``.
 
@@ -28,7 +28,7 @@ import chainer.links  # NOQA: the records wrap a network in a Classifier
 import numpy
 
 from cgdp_chainer.costmodel import functions as functions_module
-from cgdp_chainer.runtime import readiness
+from cgdp_chainer.runtime.replica import readiness
 
 
 def own_layers(target):

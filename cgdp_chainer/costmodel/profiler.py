@@ -260,7 +260,7 @@ def _host_arrays(shapes, dtypes, value):
 
 def _host_op_costs(shapes, dtypes, reps):
     """Seconds of each host operation over arrays of ``shapes``."""
-    from cgdp_chainer.runtime import accumulator
+    from cgdp_chainer.runtime.host import accumulator
     master = [chainer.Parameter(a) for a in _host_arrays(shapes, dtypes,
                                                          0.5)]
     for p in master:
@@ -362,7 +362,7 @@ def measure_fused_host_update(optimizer_name, shapes, reps=DEFAULT_REPS):
     optimizer, per array, per byte and per byte of each summed slot.
 
     The accumulator sums a chunk's slots and updates its parameters in one
-    blocked pass (:mod:`cgdp_chainer.runtime.host_update`); its cost with
+    blocked pass (:mod:`cgdp_chainer.runtime.host.host_update`); its cost with
     ``S`` slots is ``arrays x per_array_s + bytes x (per_byte_s + S x
     per_slot_byte_s)``. Timed on one thread (the model gives each host job
     its threads), with 1 and 2 slots on arrays of ``shapes`` (cut to
@@ -380,7 +380,7 @@ def measure_fused_host_update(optimizer_name, shapes, reps=DEFAULT_REPS):
         for the optimizer (it then runs Chainer's, see
         :func:`measure_host_update`).
     """
-    from cgdp_chainer.runtime import host_update
+    from cgdp_chainer.runtime.host import host_update
     if optimizer_name not in HOST_UPDATE_RULES:
         raise ValueError('optimizer_name must be one of {}, got {!r}'.format(
             ', '.join(HOST_UPDATE_RULES), optimizer_name))

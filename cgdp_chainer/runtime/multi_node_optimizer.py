@@ -36,15 +36,15 @@ import numpy
 
 from cgdp_chainer import blas
 from cgdp_chainer import timeline as timeline_module
-from cgdp_chainer.runtime import accumulator as accumulator_module
-from cgdp_chainer.runtime import buffers
-from cgdp_chainer.runtime import chunking
-from cgdp_chainer.runtime import host_update as host_update_module
-from cgdp_chainer.runtime import master as master_module
-from cgdp_chainer.runtime import node_host
-from cgdp_chainer.runtime import readiness
-from cgdp_chainer.runtime import transfer as transfer_module
-from cgdp_chainer.runtime import worker as worker_module
+from cgdp_chainer.runtime.host import accumulator as accumulator_module
+from cgdp_chainer.runtime.transport import buffers
+from cgdp_chainer.runtime.chunks import chunking
+from cgdp_chainer.runtime.host import host_update as host_update_module
+from cgdp_chainer.runtime.host import master as master_module
+from cgdp_chainer.runtime.host import node_host
+from cgdp_chainer.runtime.replica import readiness
+from cgdp_chainer.runtime.transport import transfer as transfer_module
+from cgdp_chainer.runtime.replica import worker as worker_module
 
 # The chunk_size values that the optimizer form takes besides layer counts
 # and boundaries: none (the 'auto' search and the cost model's choice time
@@ -262,7 +262,7 @@ class MultiNodeOptimizer(object):
 
     @property
     def chunk_plan(self):
-        """The :class:`~cgdp_chainer.runtime.readiness.ChunkPlan` in use
+        """The :class:`~cgdp_chainer.runtime.replica.readiness.ChunkPlan` in use
         (None before the first update)."""
         return None if self._rank is None else self._rank.plan
 
@@ -295,7 +295,7 @@ class _RankTraining(object):
     copy; each chunk's gradients are gathered into a slot buffer laid out
     alike. Where several ranks share a machine, they share one master, its
     state and the slots, and split each chunk's host work
-    (:mod:`~cgdp_chainer.runtime.node_host`); otherwise every rank reduces
+    (:mod:`~cgdp_chainer.runtime.host.node_host`); otherwise every rank reduces
     and updates the whole chunk after its all-reduce.
 
     Args:
@@ -516,7 +516,7 @@ def _flat_master(model, plan):
 
 
 def _shared_node(comm, optimizer, options, allreducer):
-    """The :class:`~cgdp_chainer.runtime.node_host.NodeGroup` whose ranks
+    """The :class:`~cgdp_chainer.runtime.host.node_host.NodeGroup` whose ranks
     share one host, or None where each rank keeps its own (one rank per
     machine, ``node_host=False``, or an optimizer the split cannot run;
     every rank decides alike). Collective."""

@@ -12,22 +12,22 @@ from chainer.dataset import iterator as iterator_module
 from chainer.training.updaters import standard_updater
 import numpy
 
-from cgdp_chainer.runtime import accumulator as accumulator_module
-from cgdp_chainer.runtime import buffers
+from cgdp_chainer.runtime.host import accumulator as accumulator_module
+from cgdp_chainer.runtime.transport import buffers
 from cgdp_chainer import blas
 from cgdp_chainer import devices as devices_module
 from cgdp_chainer import randomness
 from cgdp_chainer import timeline as timeline_module
-from cgdp_chainer.runtime import channels
-from cgdp_chainer.runtime import chunking
-from cgdp_chainer.runtime import device_view
-from cgdp_chainer.runtime import input_path
-from cgdp_chainer.runtime import master as master_module
-from cgdp_chainer.runtime import observations
-from cgdp_chainer.runtime import readiness
-from cgdp_chainer.runtime import shared
-from cgdp_chainer.runtime import static_graph_models
-from cgdp_chainer.runtime import worker as worker_module
+from cgdp_chainer.runtime.replica import channels
+from cgdp_chainer.runtime.chunks import chunking
+from cgdp_chainer.runtime.replica import device_view
+from cgdp_chainer.runtime.input import input_path
+from cgdp_chainer.runtime.host import master as master_module
+from cgdp_chainer.runtime.replica import observations
+from cgdp_chainer.runtime.replica import readiness
+from cgdp_chainer.runtime.transport import shared
+from cgdp_chainer.runtime.replica import static_graph_models
+from cgdp_chainer.runtime.replica import worker as worker_module
 
 REDUCTIONS = ('mean', 'sum')
 WORKER_KINDS = channels.WORKER_KINDS
@@ -114,7 +114,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     over the examples (a summed loss, a count) is summed over the devices,
     a mean is averaged weighted by their shares of the examples; which a
     key is, is found at the first iteration (see
-    :mod:`~cgdp_chainer.runtime.observations`; ``report_kinds``
+    :mod:`~cgdp_chainer.runtime.replica.observations`; ``report_kinds``
     overrides it). Each keeps the type the model reported (an ``int``
     stays an exact ``int``, a NumPy scalar keeps its dtype, a Variable
     stays a Variable). At the first iteration, when
@@ -129,13 +129,13 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     tuple or dict of arrays already batched, as the word2vec example's
     iterator returns, an array) is converted whole, as ``StandardUpdater``
     converts it, and every array of the converter's output split along its
-    first axis (see :mod:`~cgdp_chainer.runtime.batches`).
+    first axis (see :mod:`~cgdp_chainer.runtime.input.batches`).
 
     By default every replica runs in a worker process of its own
     (``workers='process'``), so that Chainer's Python work runs in parallel;
     the master's parameters and the gradient slots live in shared memory.
     The model (and ``loss_func``) must then be picklable by cloudpickle
-    (lambdas and closures are; see :mod:`~cgdp_chainer.runtime.replica_copy`
+    (lambdas and closures are; see :mod:`~cgdp_chainer.runtime.replica.replica_copy`
     for how either worker kind copies them), and a script that
     trains must guard its code with ``if __name__ == '__main__':``, since
     the workers import the script's module. ``workers='thread'`` runs the
@@ -164,7 +164,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     values as the static schedule, so that the readiness backward sees each
     layer's gradients become final (the schedule replays the whole backward
     as one node); a line of the log says so (see
-    :mod:`~cgdp_chainer.runtime.static_graph_models`). The master's own
+    :mod:`~cgdp_chainer.runtime.replica.static_graph_models`). The master's own
     calls outside the updater (an ``Evaluator``) keep the static schedule.
 
     Not supported, and refused at the first iteration: ``F.forget`` (its
@@ -232,7 +232,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             forward on the whole batch with other random numbers tells a
             loss that draws random numbers in every mode (a VAE's), which
             is then decided within its sampling noise (see
-            :func:`~cgdp_chainer.runtime.observations.within_noise`; the
+            :func:`~cgdp_chainer.runtime.replica.observations.within_noise`; the
             log says so). Where it cannot be told (both match, as zero
             losses do; neither does, with the same loss twice or with a
             noise too large; the forwards raise) the first ``update()``
@@ -252,7 +252,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             With a ``SerialIterator`` the next batch is read (the dataset's
             ``get_example``) and converted in a background thread while an
             iteration computes, the iterator moving only when the batch is
-            used (see :mod:`~cgdp_chainer.runtime.input_path`).
+            used (see :mod:`~cgdp_chainer.runtime.input.input_path`).
         loss_func (callable): ``loss_func(*in_arrays)`` returns the loss,
             as in ``StandardUpdater``; by default the target itself.
         loss_scale (float or None): Loss scaling factor, as in
@@ -382,7 +382,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
 
     @property
     def chunk_plan(self):
-        """The :class:`~cgdp_chainer.runtime.readiness.ChunkPlan` in use,
+        """The :class:`~cgdp_chainer.runtime.replica.readiness.ChunkPlan` in use,
         or None until the first iteration has formed it."""
         return self._plan
 
@@ -439,7 +439,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         kind, value = chunking.parse_chunking(
             chunk_size, chunk_bytes, self._n_layers, chunk_size_policies())
         if kind == 'policy' and value == 'auto':
-            from cgdp_chainer.runtime import chunk_search
+            from cgdp_chainer.runtime.chunks import chunk_search
             start = max(1, -(-self._n_layers // AUTO_SEARCH_MAX_CHUNKS))
             self._search = chunk_search.ChunkSizeSearch(self._n_layers,
                                                         start=start)
@@ -599,7 +599,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self.get_optimizer('main').new_epoch(auto=True)
 
     def _jobs(self, n, forming, send_persistents):
-        """The iteration's :class:`~cgdp_chainer.runtime.worker.Job` of
+        """The iteration's :class:`~cgdp_chainer.runtime.replica.worker.Job` of
         each replica.
 
         Args:
@@ -782,9 +782,9 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     def _next_batches(self):
         """This iteration's examples: the 'main' iterator's batch split over
         the devices, or each iterator's batch in the list form, in any form
-        the iterators return (see :mod:`~cgdp_chainer.runtime.batches`),
+        the iterators return (see :mod:`~cgdp_chainer.runtime.input.batches`),
         read ahead where that is exact (see
-        :mod:`~cgdp_chainer.runtime.input_path`).
+        :mod:`~cgdp_chainer.runtime.input.input_path`).
 
         Returns:
             Batch: Each device's converted share, its examples and the
@@ -878,7 +878,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         """StandardUpdater's first forward on the master: initializes lazy
         parameters with exactly its values and gives the loss with its
         graph. The master's running statistics stay as they were
-        (:class:`~cgdp_chainer.runtime.master.StatisticsKept`), so that the
+        (:class:`~cgdp_chainer.runtime.host.master.StatisticsKept`), so that the
         replicas' first forward is the only one counted."""
         master = self.get_optimizer('main').target
         reporter = chainer.Reporter()
@@ -902,7 +902,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         reduction, from deterministic forwards of the master on the whole
         batch and on each device's share (on one device under MPI, on two
         halves of its batch, for the reduction only); see
-        :mod:`~cgdp_chainer.runtime.observations`.
+        :mod:`~cgdp_chainer.runtime.replica.observations`.
 
         Raises:
             ValueError: The loss's reduction cannot be told, or MPI ranks
@@ -934,7 +934,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
 
         Returns:
             tuple: ``(comparison, failure)``: the loss's
-            :class:`~cgdp_chainer.runtime.observations.Comparison`, or None
+            :class:`~cgdp_chainer.runtime.replica.observations.Comparison`, or None
             and the exception a forward raised.
         """
         n = len(self._devices)
@@ -975,7 +975,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         """The loss compared on finer shares of the batch, for a match
         with the mean whose shares' losses were too near each other to
         show its weights (see
-        :func:`~cgdp_chainer.runtime.observations.discriminates`).
+        :func:`~cgdp_chainer.runtime.replica.observations.discriminates`).
 
         Args:
             batch (Batch): The first batch.
@@ -1007,7 +1007,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         found neither: it tells a loss that draws random numbers in test
         mode (a VAE's) from one that is neither a sum nor a mean, and
         decides the first within its noise
-        (:func:`~cgdp_chainer.runtime.observations.within_noise`).
+        (:func:`~cgdp_chainer.runtime.replica.observations.within_noise`).
 
         The forward draws from a stream of its own (repeatable under a
         seeded script); the caller's random states are put back after it.

@@ -966,7 +966,7 @@ def initialize_from_first_batch(lossfun, in_arrays):
     function reports its observations (``main/loss``) into the current
     reporter scope and BatchNormalization updates the master's running
     statistics once (the updater keeps them as they were with
-    :class:`~cgdp_chainer.runtime.master.StatisticsKept`).
+    :class:`~cgdp_chainer.runtime.host.master.StatisticsKept`).
 
     Args:
         lossfun (callable): The loss function, e.g. the master model

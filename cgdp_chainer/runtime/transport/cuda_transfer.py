@@ -1,8 +1,8 @@
 """A GPU replica's hand-over with one copy per chunk and direction.
 
 :class:`ChunkedCudaTransfer` offers the interface of the transfers of
-:mod:`~cgdp_chainer.runtime.transfer`. The replica's parameters live in one
-flat device buffer laid out by a :class:`~cgdp_chainer.runtime.buffers.
+:mod:`~cgdp_chainer.runtime.transport.transfer`. The replica's parameters live in one
+flat device buffer laid out by a :class:`~cgdp_chainer.runtime.transport.buffers.
 FlatLayout` (each ``param.array`` is a view into it), as do its gradients
 (a second flat device buffer), its host gradient slots and the master's
 parameters on the host. A chunk is one contiguous byte span of each, so its
@@ -20,8 +20,8 @@ import threading
 
 import numpy
 
-from cgdp_chainer.runtime import buffers
-from cgdp_chainer.runtime import transfer as transfer_module
+from cgdp_chainer.runtime.transport import buffers
+from cgdp_chainer.runtime.transport import transfer as transfer_module
 
 
 def gather_into(xp, destination, grads, sizes):
@@ -267,7 +267,7 @@ class ChunkedCudaTransfer(object):
 
         Returns:
             An event recorded on the copy stream after the copy (where
-            ``staged``, a :class:`~cgdp_chainer.runtime.transfer.StagedCopy`
+            ``staged``, a :class:`~cgdp_chainer.runtime.transport.transfer.StagedCopy`
             whose ``synchronize()`` also moves the span on into the slots).
 
         Raises:

@@ -7,9 +7,9 @@ import warnings
 
 import numpy
 
-from cgdp_chainer.runtime import buffers
-from cgdp_chainer.runtime import host_update as host_update_module
-from cgdp_chainer.runtime.reduction import reduce_sum, reduce_weighted  # NOQA: public here too
+from cgdp_chainer.runtime.transport import buffers
+from cgdp_chainer.runtime.host import host_update as host_update_module
+from cgdp_chainer.runtime.host.reduction import reduce_sum, reduce_weighted  # NOQA: public here too
 
 
 class FailureBox(object):
@@ -84,12 +84,12 @@ class HostAccumulator(object):
 
     Where the optimizer has a fused host rule (SGD, MomentumSGD, NesterovAG,
     Adam and its variants, with the hooks ``WeightDecay``, ``Lasso`` and
-    ``GradientHardClipping``; see :mod:`cgdp_chainer.runtime.host_update`),
+    ``GradientHardClipping``; see :mod:`cgdp_chainer.runtime.host.host_update`),
     the reduction and the update of a parameter are one pass over its slots,
     the parameter and its state, split across the host's cores. The
     parameters, the devices' slots, the master's gradients and the fused
     state are views of flat buffers laid out alike
-    (:mod:`~cgdp_chainer.runtime.buffers`), so a chunk whose rules share
+    (:mod:`~cgdp_chainer.runtime.transport.buffers`), so a chunk whose rules share
     their scalars is one call over one slice of each. Under MPI
     the chunk is reduced and all-reduced first and the fused update reads
     the result. Everything else runs Chainer's own update rule on the
@@ -124,14 +124,14 @@ class HostAccumulator(object):
     Args:
         optimizer (chainer.GradientMethod): Set up on the master model.
         transfers (list): One port per device (see
-            :mod:`cgdp_chainer.runtime.transfer`), each with a flat
+            :mod:`cgdp_chainer.runtime.transport.transfer`), each with a flat
             ``slot_buffer`` laid out as ``master``'s.
         chunk_names (list of list of str): Parameter paths per chunk, each
             chunk next to each other in ``master``'s layout.
         reduction (str): ``'mean'`` (weighted by each device's share of the
             batch) or ``'sum'``.
         failures (FailureBox): Shared with the device workers.
-        master (cgdp_chainer.runtime.buffers.FlatMaster): The optimizer's
+        master (cgdp_chainer.runtime.transport.buffers.FlatMaster): The optimizer's
             target's parameters as views of their flat buffer.
         n_threads (int or None): Host threads; default: CPU count, at most 4.
         timeline (Timeline or None): Records reduce, update, h2d and d2h.
@@ -141,7 +141,7 @@ class HostAccumulator(object):
             master's gradients, where other processes share it (the ranks
             of a node); default: a private one, which takes over the
             gradients the parameters hold.
-        state (cgdp_chainer.runtime.buffers.FlatState or None): The fused
+        state (cgdp_chainer.runtime.transport.buffers.FlatState or None): The fused
             rules' state buffers, where shared; default: private ones.
         block_threads (int or None): Threads that split one fused call
             (default: the CPU count; fewer where ranks share the cores).

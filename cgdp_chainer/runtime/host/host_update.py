@@ -50,7 +50,7 @@ import chainer  # NOQA: the caller (cgdp_chainer) imported the compat first
 from chainer import optimizer_hooks
 from chainer import optimizers
 
-from cgdp_chainer.runtime import reduction
+from cgdp_chainer.runtime.host import reduction
 
 BACKENDS = ('auto', 'numba', 'numpy')
 
@@ -77,7 +77,7 @@ def numba_available():
 def _numba_kernels():
     if not _numba_import:
         try:
-            from cgdp_chainer.runtime import host_kernels
+            from cgdp_chainer.runtime.host import host_kernels
             _numba_import.append(host_kernels)
         except Exception:  # ImportError, or numba refusing this NumPy
             _numba_import.append(None)

@@ -1,4 +1,4 @@
-"""The numba kernels of :mod:`cgdp_chainer.runtime.host_update`.
+"""The numba kernels of :mod:`cgdp_chainer.runtime.host.host_update`.
 
 A module of its own so that numba is imported (and the kernels compiled)
 only when the numba backend is used. Each kernel computes, per block of

@@ -4,7 +4,7 @@ The transfer classes share one interface, so the replica workers and the
 host accumulator never branch on the device kind or the worker kind:
 
 Every replica's gradient slots are one flat buffer laid out as the
-master's parameters (:mod:`~cgdp_chainer.runtime.buffers`), so a chunk is
+master's parameters (:mod:`~cgdp_chainer.runtime.transport.buffers`), so a chunk is
 one slice of each:
 
 - :class:`HostResidentTransfer` for ``'@numpy'`` replicas in threads of the
@@ -13,7 +13,7 @@ one slice of each:
 - :class:`SharedSlotTransfer` for ``'@numpy'`` replicas in worker processes:
   replicas' parameters are views of the master's shared buffer; each chunk's
   gradients are gathered into their shared slot buffer.
-- :class:`~cgdp_chainer.runtime.cuda_transfer.ChunkedCudaTransfer` for
+- :class:`~cgdp_chainer.runtime.transport.cuda_transfer.ChunkedCudaTransfer` for
   ``'@cupy:N'`` replicas, in a thread or a worker process: one device
   buffer of parameters, one copy per chunk each way, and CUDA events so
   that the copies overlap the next chunk's backward and a chunk's next
@@ -24,7 +24,7 @@ On the host side of a worker process, :class:`WorkerPort` offers the same
 """
 import numpy
 
-from cgdp_chainer.runtime import buffers
+from cgdp_chainer.runtime.transport import buffers
 
 
 class HostResidentTransfer(object):
@@ -36,7 +36,7 @@ class HostResidentTransfer(object):
     so that the host reduces and updates each chunk as one slice.
 
     Args:
-        master (cgdp_chainer.runtime.buffers.FlatMaster): The master's
+        master (cgdp_chainer.runtime.transport.buffers.FlatMaster): The master's
             parameters as views of their flat buffer.
         replica_params (dict): Parameter path -> the replica's parameter.
         slot_buffer (numpy.ndarray or None): The flat slot buffer, where
@@ -172,7 +172,7 @@ class SharedSlotTransfer(object):
 
     Args:
         replica_params (dict): Parameter path -> the replica's parameter.
-        layout (cgdp_chainer.runtime.buffers.FlatLayout): The layout of
+        layout (cgdp_chainer.runtime.transport.buffers.FlatLayout): The layout of
             both buffers.
         master_buffer (numpy.ndarray): The master's flat buffer (shared).
         slot_buffer (numpy.ndarray): This replica's flat slot buffer

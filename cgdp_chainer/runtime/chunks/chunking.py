@@ -9,7 +9,7 @@ same chunks.
 import hashlib
 import numbers
 
-from cgdp_chainer.runtime import readiness
+from cgdp_chainer.runtime.replica import readiness
 
 # The default chunk: consecutive layers (in backward order) holding at least
 # this many bytes of parameters, as PyTorch DDP fills its buckets. Smaller

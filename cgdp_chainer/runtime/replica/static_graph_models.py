@@ -4,7 +4,7 @@
 Chainer's ``examples/static_graph_optimizations``, records the chain's
 first call as a static schedule and replays later calls as one function
 node, its backward as one node too: CGDP's readiness backward
-(:mod:`~cgdp_chainer.runtime.readiness`) would see no parameter become
+(:mod:`~cgdp_chainer.runtime.replica.readiness`) would see no parameter become
 ready until that node's backward had run. With Chainer's configuration
 ``use_static_graph`` False the decorator only calls the method it wraps,
 so the same code runs define-by-run and computes the same values (the
@@ -120,7 +120,7 @@ def follow_parameters(master):
     A schedule holds the arrays its parameters had when it last ran and
     takes their current ones only when it runs again. After training the
     master's arrays are private copies again (see
-    :meth:`~cgdp_chainer.runtime.buffers.FlatMaster.release`): without
+    :meth:`~cgdp_chainer.runtime.transport.buffers.FlatMaster.release`): without
     this, an Evaluator's schedule would keep the shared memory they were
     views of mapped, and Python would complain when freeing it.
 

@@ -38,7 +38,7 @@ import chainer
 import cloudpickle
 import numpy
 
-from cgdp_chainer.runtime import static_graph_models
+from cgdp_chainer.runtime.replica import static_graph_models
 
 
 class _ReplicaPickler(cloudpickle.Pickler):

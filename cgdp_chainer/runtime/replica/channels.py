@@ -3,7 +3,7 @@
 Both build the replicas from the master model, give the host accumulator
 one port per replica (``slots``, ``wait_grads``, ``publish``), run an
 iteration's jobs and hand back each replica's
-:class:`~cgdp_chainer.runtime.worker.IterationResult`:
+:class:`~cgdp_chainer.runtime.replica.worker.IterationResult`:
 
 - :class:`ProcessReplicas` (``workers='process'``, the default): one worker
   process per replica, so that Chainer's Python work runs in parallel, as
@@ -16,9 +16,9 @@ iteration's jobs and hand back each replica's
   debugging.
 
 Both make each replica the same way, the master pickled by value with
-cloudpickle (:mod:`~cgdp_chainer.runtime.replica_copy`), so that a function
+cloudpickle (:mod:`~cgdp_chainer.runtime.replica.replica_copy`), so that a function
 that captures the model captures its replica. Either way the code that runs
-a replica is :class:`~cgdp_chainer.runtime.worker.ReplicaWorker`.
+a replica is :class:`~cgdp_chainer.runtime.replica.worker.ReplicaWorker`.
 """
 import atexit
 import collections
@@ -37,12 +37,12 @@ import numpy
 
 from cgdp_chainer import blas
 from cgdp_chainer import devices as devices_module
-from cgdp_chainer.runtime import buffers
-from cgdp_chainer.runtime import replica_copy
-from cgdp_chainer.runtime import shared
-from cgdp_chainer.runtime import static_graph_models
-from cgdp_chainer.runtime import transfer as transfer_module
-from cgdp_chainer.runtime import worker as worker_module
+from cgdp_chainer.runtime.transport import buffers
+from cgdp_chainer.runtime.replica import replica_copy
+from cgdp_chainer.runtime.transport import shared
+from cgdp_chainer.runtime.replica import static_graph_models
+from cgdp_chainer.runtime.transport import transfer as transfer_module
+from cgdp_chainer.runtime.replica import worker as worker_module
 
 WORKER_KINDS = ('process', 'thread')
 
@@ -244,7 +244,7 @@ class _GpuThreadPort(object):
     stream); the pinned slot buffer exists before, for the accumulator.
 
     Args:
-        master (cgdp_chainer.runtime.buffers.FlatMaster): The master, in
+        master (cgdp_chainer.runtime.transport.buffers.FlatMaster): The master, in
             pinned memory.
     """
 
@@ -258,7 +258,7 @@ class _GpuThreadPort(object):
 
     def build(self, replica_params, device):
         """Makes the replica's transfer (in its thread, its GPU current)."""
-        from cgdp_chainer.runtime import cuda_transfer
+        from cgdp_chainer.runtime.transport import cuda_transfer
         self.transfer = cuda_transfer.ChunkedCudaTransfer(
             self.master.layout, self.master.buffer, self.slot_buffer,
             replica_params, device)
@@ -782,7 +782,7 @@ class _WorkerServer(object):
                     'page-locked ({}); its copies go through pinned '
                     'buffers of its own, one more host copy per chunk each '
                     'way'.format(init.index, self.device, why))
-            from cgdp_chainer.runtime import cuda_transfer
+            from cgdp_chainer.runtime.transport import cuda_transfer
             self.transfer = cuda_transfer.ChunkedCudaTransfer(
                 init.flat_layout, master_buffer, slot_buffer,
                 replica_params, self.device, staged=why is not None)

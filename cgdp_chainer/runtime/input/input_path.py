@@ -33,7 +33,7 @@ processes, ``MultithreadIterator``, user iterators, one iterator per
 device) are not read ahead; each replica's share of their batch is still
 converted in parallel (:class:`ShareConverter`), and one line of the log
 says so. Batches that are not lists of examples keep the path of
-:mod:`~cgdp_chainer.runtime.batches`.
+:mod:`~cgdp_chainer.runtime.input.batches`.
 """
 import concurrent.futures
 import random
@@ -41,7 +41,7 @@ import random
 import chainer
 import numpy
 
-from cgdp_chainer.runtime import batches as batches_module
+from cgdp_chainer.runtime.input import batches as batches_module
 
 _SerialIterator = chainer.iterators.SerialIterator
 _statemachine = chainer.iterators._statemachine
@@ -179,7 +179,7 @@ class SerialReadAhead(object):
 
         Returns:
             Batch: The replicas' shares (see
-            :mod:`~cgdp_chainer.runtime.batches`).
+            :mod:`~cgdp_chainer.runtime.input.batches`).
         """
         prepared, self._prepared = self._prepared, None
         iterator = self.iterator
@@ -338,7 +338,7 @@ class InputPath(object):
         return getattr(self._source, 'taken', 0)
 
     def next_batch(self):
-        """This iteration's :class:`~cgdp_chainer.runtime.batches.Batch`."""
+        """This iteration's :class:`~cgdp_chainer.runtime.input.batches.Batch`."""
         return self._source.next_batch()
 
     def read_ahead(self):

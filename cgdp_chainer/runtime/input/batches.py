@@ -14,7 +14,7 @@ being its fraction of it.
 """
 import numpy
 
-from cgdp_chainer.runtime import shared
+from cgdp_chainer.runtime.transport import shared
 
 # What a pre-batched output can hold, in words for the refusals.
 _PREBATCHED_FORMS = (
@@ -137,7 +137,7 @@ def _converted_splitter(converted, form):
 
 def from_read_ahead(counts, result, convert):
     """A batch of examples read ahead and its shares converted in the
-    background (see :mod:`~cgdp_chainer.runtime.input_path`).
+    background (see :mod:`~cgdp_chainer.runtime.input.input_path`).
 
     Args:
         counts (list of int): The examples of each share (``examples[i::n]``

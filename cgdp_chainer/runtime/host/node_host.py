@@ -38,11 +38,11 @@ import time
 
 import numpy
 
-from cgdp_chainer.runtime import accumulator as accumulator_module
-from cgdp_chainer.runtime import buffers
-from cgdp_chainer.runtime import host_update as host_update_module
-from cgdp_chainer.runtime import shared
-from cgdp_chainer.runtime.reduction import reduce_sum
+from cgdp_chainer.runtime.host import accumulator as accumulator_module
+from cgdp_chainer.runtime.transport import buffers
+from cgdp_chainer.runtime.host import host_update as host_update_module
+from cgdp_chainer.runtime.transport import shared
+from cgdp_chainer.runtime.host.reduction import reduce_sum
 
 # Flag rows of NodeMemory.flags.
 DELIVERED, PUBLISHED = 0, 1

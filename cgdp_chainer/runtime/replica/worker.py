@@ -2,18 +2,18 @@
 
 :class:`ReplicaWorker` is the only code that runs a replica. The thread
 runtime calls it from a thread of the user's process, the process runtime
-from a worker process (see :mod:`cgdp_chainer.runtime.channels`); what
+from a worker process (see :mod:`cgdp_chainer.runtime.replica.channels`); what
 differs between the two is given to it when it is built: the replica, its
 transfer (how gradients leave and weights arrive) and its link to the host
 (how a finished chunk is announced, and how it learns that it must stop).
 
 Any ``chainer.Link`` runs the same way: an ordinary forward, then one
-backward (:class:`~cgdp_chainer.runtime.readiness.ReadinessBackward`) that
+backward (:class:`~cgdp_chainer.runtime.replica.readiness.ReadinessBackward`) that
 hands each chunk of layers to the host as soon as the gradients of all its
 parameters are final. The first iteration forms no chunks: it hands the
 whole model over after its backward and returns the order in which the
 parameters became ready, from which the updater forms the
-:class:`~cgdp_chainer.runtime.readiness.ChunkPlan` that every later
+:class:`~cgdp_chainer.runtime.replica.readiness.ChunkPlan` that every later
 iteration gets in its :class:`Job`.
 """
 import collections
@@ -25,11 +25,11 @@ import numpy
 
 from cgdp_chainer import devices as devices_module
 from cgdp_chainer import randomness
-from cgdp_chainer.runtime.accumulator import Aborted  # NOQA: one exception for all
-from cgdp_chainer.runtime import observations
-from cgdp_chainer.runtime import readiness
-from cgdp_chainer.runtime import shared
-from cgdp_chainer.runtime import static_graph_models
+from cgdp_chainer.runtime.host.accumulator import Aborted  # NOQA: one exception for all
+from cgdp_chainer.runtime.replica import observations
+from cgdp_chainer.runtime.replica import readiness
+from cgdp_chainer.runtime.transport import shared
+from cgdp_chainer.runtime.replica import static_graph_models
 
 Job = collections.namedtuple(
     'Job', ('iteration', 'seed', 'plan', 'fingerprint', 'record_events',
@@ -91,9 +91,9 @@ IterationResult.__doc__ = """What a replica hands back after an iteration.
 Attributes:
     observation (dict): Reported values (``main/loss``, ...) as the model
         reported them, made portable by
-        :func:`~cgdp_chainer.runtime.observations.portable` (a Variable as
+        :func:`~cgdp_chainer.runtime.replica.observations.portable` (a Variable as
         a ``VariableValue``, arrays in host memory); the updater combines
-        them (:func:`~cgdp_chainer.runtime.observations.combine_all`).
+        them (:func:`~cgdp_chainer.runtime.replica.observations.combine_all`).
     events (list): ``(kind, chunk, start, end)``, ``time.perf_counter``
         seconds (one monotonic clock for every process on the machine).
     persistents (dict or None): The replica's persistent values, if asked.
@@ -123,7 +123,7 @@ def whole_model_plan(names):
 def runtime_chunk(plan, index):
     """The runtime's index of a plan's chunk.
 
-    A :class:`~cgdp_chainer.runtime.readiness.ChunkPlan` counts chunks in
+    A :class:`~cgdp_chainer.runtime.replica.readiness.ChunkPlan` counts chunks in
     backward order (0 is the output side); the host accumulator, the MPI
     sequence numbers and the timeline count from the input side (0 holds
     the first layers, whose sync is the exposed one).
@@ -155,7 +155,7 @@ class ReplicaWorker(object):
         device (chainer.backend.Device): Its device.
         replica (chainer.Link): Its copy of the model, on ``device``.
         transfer: Moves its gradients out and weights in (see
-            :mod:`cgdp_chainer.runtime.transfer`).
+            :mod:`cgdp_chainer.runtime.transport.transfer`).
         host: Its link to the host: ``deliver(iteration, chunk, ready)``
             after a chunk's gradients are sent, and ``check()``, which
             raises :class:`Aborted` once the iteration must stop.
@@ -317,7 +317,7 @@ class ReplicaWorker(object):
 
 class _Uses(object):
     """Parameters used outside their own link, as ChunkWaitHook reads them
-    from a :class:`~cgdp_chainer.runtime.readiness.ParameterUses`."""
+    from a :class:`~cgdp_chainer.runtime.replica.readiness.ParameterUses`."""
 
     def __init__(self, outside):
         self.outside = outside
@@ -362,7 +362,7 @@ def send_inputs(device, in_arrays):
 
     ``Device.send`` takes one array or a flat tuple or list of them; a
     converter may return dicts and lists of arrays of different lengths,
-    nested (see :func:`~cgdp_chainer.runtime.shared.flatten_inputs`).
+    nested (see :func:`~cgdp_chainer.runtime.transport.shared.flatten_inputs`).
 
     Args:
         device (chainer.backend.Device): The replica's device.
