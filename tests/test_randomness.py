@@ -364,10 +364,10 @@ def test_a_snapshot_without_the_seed_still_loads(tmp_path):
         chainer.iterators.SerialIterator(_dataset(), BATCH),
         _setup(NoisyMLP('project_dropout')))
     try:
-        constructed = fresh._random_base
+        constructed = fresh.random_base
         chainer.serializers.load_npz(old_path, fresh)  # strict
         assert fresh.iteration == 1
-        assert fresh._random_base == constructed
+        assert fresh.random_base == constructed
         fresh.update()
     finally:
         fresh.finalize()

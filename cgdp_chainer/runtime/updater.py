@@ -4,26 +4,25 @@ import contextlib
 import copy
 import numbers
 import time
-import warnings
 
 import chainer
 from chainer.dataset import convert
 from chainer.dataset import iterator as iterator_module
 from chainer.training.updaters import standard_updater
-import numpy
 
 from cgdp_chainer.runtime.host import accumulator as accumulator_module
 from cgdp_chainer.runtime.transport import buffers
 from cgdp_chainer import blas
 from cgdp_chainer import devices as devices_module
-from cgdp_chainer import randomness
 from cgdp_chainer import timeline as timeline_module
 from cgdp_chainer.runtime.replica import channels
 from cgdp_chainer.runtime.chunks import chunking
 from cgdp_chainer.runtime.replica import device_view
 from cgdp_chainer.runtime.input import input_path
 from cgdp_chainer.runtime.host import master as master_module
+from cgdp_chainer.runtime.replica import loss_reduction
 from cgdp_chainer.runtime.replica import observations
+from cgdp_chainer.runtime.replica import random_streams
 from cgdp_chainer.runtime.replica import readiness
 from cgdp_chainer.runtime.transport import shared
 from cgdp_chainer.runtime.replica import static_graph_models
@@ -279,9 +278,6 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             anything else is a mean).
     """
 
-    # Whether replica threads were found drawing from the global NumPy
-    # state they share (warned once).
-    _warned_shared_random = False
     # The batches' source (made at the first update).
     _input_path = None
 
@@ -346,7 +342,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         self._static_graph_methods = static_graph_models.decorated_methods(
             master, loss_func)
         self._failures = accumulator_module.FailureBox()
-        self._random_base = randomness.base_seed()  # draws nothing
+        self._streams = random_streams.ReplicaStreams(self._devices, workers)
         self._replicas = None
         self._accumulator = None
         self._refresh_persistents = False
@@ -416,6 +412,12 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     def chunk_size_search(self):
         """The ``'auto'`` search (its ``history`` and ``best``), or None."""
         return self._search
+
+    @property
+    def random_base(self):
+        """The base seed of the replicas' random streams (rank 0's under
+        MPI, once the first update agreed on it; snapshots keep it)."""
+        return self._streams.base
 
     @property
     def startup_seconds(self):
@@ -511,7 +513,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                 'this CGDPUpdater was finalized or stopped after an error{}; '
                 'build a new one to train on'.format(
                     '' if error is None else ' ({})'.format(
-                        _describe_error(error))))
+                        accumulator_module.describe_error(error))))
         in_loop, edited = self._watch.start_update()
         if self._structure is not None and edited:
             # Refused before any work, so the updater stays usable once
@@ -562,9 +564,9 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                 in_loop, self.iteration + 1, self.epoch_detail),
             revalidate=edited)
         search_start = time.perf_counter()
-        with self._replica_random_scope() as shared_random:
+        with self._streams.scope(self.iteration) as shared_random:
             results = self._replicas.run(jobs, inputs)
-        self._check_shared_draws(shared_random)
+        self._streams.check_shared_draws(shared_random)
         if not self._failures.failed:
             self._accumulator.wait()
         seconds = time.perf_counter() - search_start
@@ -608,7 +610,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             send_persistents (bool): Whether replica 0 returns its
                 persistent values after the iteration.
         """
-        seeds = [self._replica_seed(i) for i in range(n)]
+        seeds = [self._streams.seed(i, self.iteration) for i in range(n)]
         refresh = (worker_module.save_persistents(
             self.get_optimizer('main').target)
             if self._refresh_persistents else None)
@@ -629,52 +631,6 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             loss_scale=self.get_optimizer('main')._loss_scale,
             layout=layout)
             for i in range(n)]
-
-    def _replica_seed(self, index, global_numpy=None):
-        """The :class:`~cgdp_chainer.randomness.ReplicaSeed` of replica
-        ``index`` in this iteration (``global_numpy``: by default, whether
-        the replica runs in a worker process of its own)."""
-        if global_numpy is None:
-            global_numpy = self.workers == 'process'
-        return randomness.ReplicaSeed(
-            base=self._random_base,
-            rank=getattr(self._allreducer, 'rank', 0),
-            iteration=self.iteration, replica=index,
-            global_numpy=global_numpy)
-
-    def _replica_random_scope(self):
-        """For replica threads, which share the process's global NumPy
-        state: a stream of this iteration's as that state while they run
-        (the first ``'@numpy'`` replica's: with one, its own, as in a
-        worker process), and the caller's put back after."""
-        if self.workers == 'process':
-            return contextlib.nullcontext()
-        cpu = [i for i, device in enumerate(self._devices)
-               if not devices_module.is_gpu(device)]
-        seed = self._replica_seed(cpu[0] if cpu else 0, global_numpy=True)
-        return randomness.SharedGlobalState(
-            seed.words(randomness.NUMPY_STREAM))
-
-    def _check_shared_draws(self, shared_random):
-        """Warns, once, that several ``'@numpy'`` replica threads drew from
-        the global NumPy state they share (their draws interleave in
-        whatever order the threads run)."""
-        n_cpu = channels.cpu_replica_count(self._devices)
-        if self._warned_shared_random or n_cpu < 2 or \
-                not getattr(shared_random, 'drawn', False):
-            return
-        self._warned_shared_random = True
-        warnings.warn(
-            'CGDP: the model draws from NumPy\'s global random state (as '
-            'F.dropout, F.gaussian and L.NegativeSampling do on the CPU) in '
-            '{} \'@numpy\' replica threads, which share that one state: '
-            'their draws interleave in whatever order the threads run, so '
-            'two seeded runs, or a run and its resume from a snapshot, '
-            'differ. For repeatable runs use workers=\'process\' (each '
-            'replica process draws from its own seeded state), or '
-            'cgdp_chainer.randomness.dropout in place of F.dropout (it '
-            'draws from each replica thread\'s own state)'.format(n_cpu),
-            UserWarning, stacklevel=5)
 
     def _record_events(self, results, start, sync_end):
         """Puts the replicas' events on the timeline and closes the
@@ -832,20 +788,21 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             mpi.broadcast_parameters(self._mpi_comm, master)
             self._allreducer = mpi.ChunkAllreducer(self._mpi_comm)
             # Every rank derives its replicas' streams from rank 0's seed.
-            self._random_base = self._allreducer.allreduce_int(
-                self._random_base if self._allreducer.rank == 0 else 0,
-                op='max')
+            self._streams.agree(self._allreducer)
         if self._static_graph_methods:
             self._say(static_graph_models.describe(
                 self._static_graph_methods))
-        self._find_kinds(batch)
+        self.reduction = loss_reduction.ReductionFinder(
+            master, self.loss_func, len(self._devices), self._report_kinds,
+            self._allreducer, self._streams.base, self._say).find(
+                batch, self.reduction)
         if self.timeline is not None:
             self.timeline.name_tracks(
                 ['replica {} {}'.format(index, devices_module.spec_of(device))
                  for index, device in enumerate(self._devices)],
                 rank=getattr(self._allreducer, 'rank', None))
         if self._chooser is not None:
-            self._choose_chunk_size(master, _copied(batch.inputs[0]))
+            self._choose_chunk_size(master, shared.copied_inputs(batch.inputs[0]))
         self._structure = master_module.MasterStructure(master)
         self._persistents = master_module.PersistentsRecord(master)
         if self.workers == 'process':
@@ -895,169 +852,6 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         if chainer.config.keep_graph_on_report and 'main/loss' not in graphs:
             graphs['main/loss'] = loss
         return graphs
-
-    def _find_kinds(self, batch):
-        """The first iteration's comparisons, before any update: how each
-        reported key combines over the replicas and, unless given, the
-        reduction, from deterministic forwards of the master on the whole
-        batch and on each device's share (on one device under MPI, on two
-        halves of its batch, for the reduction only); see
-        :mod:`~cgdp_chainer.runtime.replica.observations`.
-
-        Raises:
-            ValueError: The loss's reduction cannot be told, or MPI ranks
-                found different ones; or a reported value cannot be
-                combined from the replicas.
-        """
-        n = len(self._devices)
-        if n < 2 and self._allreducer is None:
-            if self.reduction is None:
-                self.reduction = 'mean'  # one device: 'sum' weighs it alike
-            return
-        if n < 2 and self.reduction is not None:
-            return
-        split = (batch.inputs, batch.counts) if n >= 2 else batch.split(2)
-        comparison, failure = None, None
-        if split is not None:
-            comparison, failure = self._probe(batch, *split)
-        if self.reduction is None:
-            self.reduction = self._agree_on_reduction(comparison, failure)
-
-    def _probe(self, batch, parts, counts):
-        """Runs the comparisons' forwards; learns each reported key's kind
-        (with two devices or more) and compares the loss.
-
-        Args:
-            batch (Batch): The first batch.
-            parts (list): The converted inputs of each share.
-            counts (list of int): Each share's examples.
-
-        Returns:
-            tuple: ``(comparison, failure)``: the loss's
-            :class:`~cgdp_chainer.runtime.replica.observations.Comparison`, or None
-            and the exception a forward raised.
-        """
-        n = len(self._devices)
-        try:
-            forwards = observations.probe_forwards(
-                self.get_optimizer('main').target, self.loss_func,
-                [_copied(batch.whole_inputs)] + [_copied(p) for p in parts])
-        except Exception as error:
-            # A forward that needs the graph (chainer.grad in it) or train
-            # mode: the comparisons tell nothing; training is unaffected.
-            if n >= 2:
-                self._say('CGDP reported values, combined over the {} '
-                          'replicas by type (integers add up, anything else '
-                          'is a mean; report_kinds= sets a key): the first '
-                          "iteration's forwards of the model with "
-                          'chainer.config.train False and no backprop '
-                          'raised {}'.format(n, _describe_error(error)))
-            return None, error
-        whole, shares = forwards[0], forwards[1:]
-        if n >= 2:
-            self._report_kinds.learn(whole.observation,
-                                     [f.observation for f in shares], counts)
-            self._say('CGDP reported values, combined over the {} replicas '
-                      'as the whole batch reports them: {}'.format(
-                          n, self._report_kinds.describe(whole.observation)))
-        comparison = observations.compare(
-            whole.loss, [f.loss for f in shares], counts)
-        if self.reduction is not None:
-            return comparison, None
-        if comparison.kind == 'mean' and \
-                not observations.discriminates(comparison):
-            return self._compare_finer(batch, comparison)
-        if comparison.kind != 'neither':
-            return comparison, None
-        return self._decide_within_noise(batch, comparison)
-
-    def _compare_finer(self, batch, comparison):
-        """The loss compared on finer shares of the batch, for a match
-        with the mean whose shares' losses were too near each other to
-        show its weights (see
-        :func:`~cgdp_chainer.runtime.replica.observations.discriminates`).
-
-        Args:
-            batch (Batch): The first batch.
-            comparison (Comparison): The comparison on the devices' shares.
-
-        Returns:
-            tuple: As for :meth:`_probe`; the kind ``'indistinct'`` where
-            the finer shares do not show the weights either.
-        """
-        shares = min(sum(batch.counts), observations.FINER_SHARES)
-        split = batch.split(shares) if shares > len(batch.counts) else None
-        if split is None:
-            return comparison._replace(kind='indistinct'), None
-        parts, counts = split
-        try:
-            forwards = observations.probe_forwards(
-                self.get_optimizer('main').target, self.loss_func,
-                [_copied(part) for part in parts])
-        except Exception as error:
-            return None, error
-        finer = observations.compare(
-            comparison.whole, [f.loss for f in forwards], counts)
-        if finer.kind == 'mean' and not observations.discriminates(finer):
-            finer = finer._replace(kind='indistinct')
-        return finer, None
-
-    def _decide_within_noise(self, batch, comparison):
-        """A second draw of the whole batch's loss, for a comparison that
-        found neither: it tells a loss that draws random numbers in test
-        mode (a VAE's) from one that is neither a sum nor a mean, and
-        decides the first within its noise
-        (:func:`~cgdp_chainer.runtime.replica.observations.within_noise`).
-
-        The forward draws from a stream of its own (repeatable under a
-        seeded script); the caller's random states are put back after it.
-
-        Args:
-            batch (Batch): The first batch.
-            comparison (Comparison): The exact comparison of the loss.
-
-        Returns:
-            tuple: As for :meth:`_probe`.
-        """
-        try:
-            again, = observations.probe_forwards(
-                self.get_optimizer('main').target, self.loss_func,
-                [_copied(batch.whole_inputs)],
-                seed=randomness.probe_words(self._random_base))
-        except Exception as error:
-            return None, error
-        return observations.within_noise(comparison, again.loss), None
-
-    def _agree_on_reduction(self, comparison, failure=None):
-        """The reduction the loss's comparison found, the same on every MPI
-        rank.
-
-        Args:
-            comparison (Comparison or None): The loss of the whole batch
-                against its shares' (None: a batch of one example on one
-                device, which cannot be split, or forwards that failed).
-            failure (Exception or None): What the forwards raised.
-
-        Raises:
-            ValueError: It cannot be told, or the ranks disagree.
-        """
-        found = comparison.kind if comparison is not None else None
-        code = _REDUCTION_CODES.get(found, 0)
-        low = high = code
-        if self._allreducer is not None:
-            low = self._allreducer.allreduce_int(code, op='min')
-            high = self._allreducer.allreduce_int(code, op='max')
-        if low == high and code:
-            self._say('CGDP reduction: {!r}, found {}at the first '
-                      'iteration: {} (reduction= skips this check)'.format(
-                          found, 'within sampling noise '
-                          if comparison.again is not None else '',
-                          observations.describe_loss(comparison)))
-            return found
-        raise ValueError(observations.reduction_refusal(
-            comparison, other_ranks=code != 0,
-            failure=None if failure is None else _describe_error(failure))
-        ) from failure
 
     def _say(self, line):
         """Prints a line of the run's log (once, on rank 0 under MPI)."""
@@ -1128,7 +922,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         if not isinstance(serializer, chainer.serializer.Deserializer):
             self.sync_persistents()
         super(CGDPUpdater, self).serialize(serializer)
-        self._serialize_random_base(serializer)
+        self._streams.serialize(serializer)
         if isinstance(serializer, chainer.serializer.Deserializer) and \
                 self._replicas is not None:
             self._replicas.master.sync(self._names)
@@ -1143,20 +937,6 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         if isinstance(serializer, chainer.serializer.Deserializer) and \
                 self._input_path is not None:
             self._input_path.discard()  # read from the old position
-
-    def _serialize_random_base(self, serializer):
-        """Saves or restores the base seed of the replicas' random streams
-        (with the iteration, all that they need to continue exactly)."""
-        if not isinstance(serializer, chainer.serializer.Deserializer):
-            serializer('cgdp_random_base', self._random_base)
-            return
-        try:
-            value = serializer('cgdp_random_base', self._random_base)
-        except KeyError:
-            # A snapshot from before the key: its streams cannot be
-            # restored; the resumed run keeps the ones of this updater.
-            return
-        self._random_base = int(value)
 
     def finalize(self):
         """Copies the first replica's BatchNormalization statistics into the
@@ -1185,25 +965,6 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self._replicas.close()
         if self._allreducer is not None:
             self._allreducer.close()
-
-
-# The reductions as integers, for agreeing across MPI ranks (0: not found).
-_REDUCTION_CODES = {'mean': 1, 'sum': 2}
-
-
-def _copied(in_arrays):
-    """A converter's output with copies of its arrays: the first
-    iteration's extra forwards must not touch what the replicas train on."""
-    return shared.map_arrays(numpy.copy, in_arrays)
-
-
-def _describe_error(error):
-    """An error's type and the last line of its message (a worker's error
-    carries its traceback, whose last line names the exception)."""
-    lines = [line for line in str(error).splitlines() if line.strip()]
-    if not lines:
-        return type(error).__name__
-    return '{}: {}'.format(type(error).__name__, lines[-1].strip())
 
 
 def default_reduction(devices, iterator_list):

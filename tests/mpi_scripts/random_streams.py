@@ -54,7 +54,7 @@ def train(comm, dataset):
     # iteration cannot find the reduction: it is given.
     updater = CGDPUpdater(iterator, optimizer, devices=['@numpy'],
                           workers='thread', mpi_comm=comm, reduction='mean')
-    built_with = updater._random_base
+    built_with = updater.random_base
     masks = []
     try:
         for _ in range(ITERATIONS):
@@ -64,7 +64,7 @@ def train(comm, dataset):
             masks.append(float(observation['main/mask']))
     finally:
         updater.finalize()
-    return masks, built_with, updater._random_base
+    return masks, built_with, updater.random_base
 
 
 def main():

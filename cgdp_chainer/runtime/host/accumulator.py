@@ -39,6 +39,16 @@ class FailureBox(object):
         return self.event.is_set()
 
 
+def describe_error(error):
+    """An error's type and the last line of its message, in words (a
+    worker's error carries its traceback, whose last line names the
+    exception)."""
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    return '{}: {}'.format(type(error).__name__, lines[-1].strip())
+
+
 class Aborted(Exception):
     """Raised inside a CGDP thread that stops because another one failed."""
 

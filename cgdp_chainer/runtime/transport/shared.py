@@ -373,6 +373,12 @@ def map_arrays(func, in_arrays):
     return unflatten_inputs(structure, [func(array) for array in arrays])
 
 
+def copied_inputs(in_arrays):
+    """A converter's output with copies of its arrays (for extra forwards
+    that must not touch what the replicas train on)."""
+    return map_arrays(numpy.copy, in_arrays)
+
+
 def call_with(func, in_arrays):
     """Calls a loss function on a converted batch as ``StandardUpdater``
     does: a tuple as positional arguments, a dict as keyword arguments,

@@ -1,0 +1,219 @@
+"""The loss's reduction and the reported values' kinds, found at the
+first iteration before any update.
+
+A switched script must train what it trained before: ``'mean'`` where the
+loss is a mean over the examples, ``'sum'`` where it adds up over them.
+:class:`ReductionFinder` tells which from deterministic forwards of the
+master on the whole first batch and on its shares (the comparisons of
+:mod:`~cgdp_chainer.runtime.replica.observations`), learns on the way how
+each reported key combines over the replicas, and makes every MPI rank
+agree. Where it cannot be told, it refuses, naming the values measured and
+the fix.
+"""
+from cgdp_chainer import randomness
+from cgdp_chainer.runtime.host import accumulator
+from cgdp_chainer.runtime.replica import observations
+from cgdp_chainer.runtime.transport import shared
+
+# The reductions as integers, for agreeing across MPI ranks (0: not found).
+REDUCTION_CODES = {'mean': 1, 'sum': 2}
+
+
+class ReductionFinder(object):
+    """Finds the loss's reduction and the reported keys' kinds from the
+    first batch.
+
+    Args:
+        master (chainer.Link): The master model (left as it was).
+        loss_func (callable or None): The loss function, or None for the
+            master itself.
+        n_devices (int): The replicas of this process.
+        report_kinds (ReportKinds): Learns the reported keys' kinds.
+        allreducer: The MPI ranks' :class:`~cgdp_chainer.mpi.ChunkAllreducer`,
+            or None.
+        random_base (int): The base seed of the replicas' streams (a
+            second draw of a loss that samples uses a stream of its own).
+        say (callable): ``say(line)`` prints a line of the run's log.
+    """
+
+    def __init__(self, master, loss_func, n_devices, report_kinds,
+                 allreducer, random_base, say):
+        self._master = master
+        self._loss_func = loss_func
+        self._n_devices = n_devices
+        self._report_kinds = report_kinds
+        self._allreducer = allreducer
+        self._random_base = random_base
+        self._say = say
+        self._given = None
+
+    def find(self, batch, reduction=None):
+        """The first iteration's comparisons, before any update: how each
+        reported key combines over the replicas and, unless given, the
+        reduction, from deterministic forwards of the master on the whole
+        batch and on each device's share (on one device under MPI, on two
+        halves of its batch, for the reduction only); see
+        :mod:`~cgdp_chainer.runtime.replica.observations`.
+
+        Args:
+            batch (Batch): The first batch.
+            reduction (str or None): The reduction given, if any.
+
+        Returns:
+            str: The reduction (``reduction`` where given).
+
+        Raises:
+            ValueError: The loss's reduction cannot be told, or MPI ranks
+                found different ones; or a reported value cannot be
+                combined from the replicas.
+        """
+        n = self._n_devices
+        if n < 2 and self._allreducer is None:
+            return reduction or 'mean'  # one device: 'sum' weighs it alike
+        if n < 2 and reduction is not None:
+            return reduction
+        self._given = reduction
+        split = (batch.inputs, batch.counts) if n >= 2 else batch.split(2)
+        comparison, failure = None, None
+        if split is not None:
+            comparison, failure = self._probe(batch, *split)
+        if reduction is not None:
+            return reduction
+        return self._agree_on_reduction(comparison, failure)
+
+    def _probe(self, batch, parts, counts):
+        """Runs the comparisons' forwards; learns each reported key's kind
+        (with two devices or more) and compares the loss.
+
+        Args:
+            batch (Batch): The first batch.
+            parts (list): The converted inputs of each share.
+            counts (list of int): Each share's examples.
+
+        Returns:
+            tuple: ``(comparison, failure)``: the loss's
+            :class:`~cgdp_chainer.runtime.replica.observations.Comparison`, or None
+            and the exception a forward raised.
+        """
+        n = self._n_devices
+        try:
+            forwards = observations.probe_forwards(
+                self._master, self._loss_func,
+                [shared.copied_inputs(batch.whole_inputs)] + [shared.copied_inputs(p) for p in parts])
+        except Exception as error:
+            # A forward that needs the graph (chainer.grad in it) or train
+            # mode: the comparisons tell nothing; training is unaffected.
+            if n >= 2:
+                self._say('CGDP reported values, combined over the {} '
+                          'replicas by type (integers add up, anything else '
+                          'is a mean; report_kinds= sets a key): the first '
+                          "iteration's forwards of the model with "
+                          'chainer.config.train False and no backprop '
+                          'raised {}'.format(n, accumulator.describe_error(error)))
+            return None, error
+        whole, shares = forwards[0], forwards[1:]
+        if n >= 2:
+            self._report_kinds.learn(whole.observation,
+                                     [f.observation for f in shares], counts)
+            self._say('CGDP reported values, combined over the {} replicas '
+                      'as the whole batch reports them: {}'.format(
+                          n, self._report_kinds.describe(whole.observation)))
+        comparison = observations.compare(
+            whole.loss, [f.loss for f in shares], counts)
+        if self._given is not None:
+            return comparison, None
+        if comparison.kind == 'mean' and \
+                not observations.discriminates(comparison):
+            return self._compare_finer(batch, comparison)
+        if comparison.kind != 'neither':
+            return comparison, None
+        return self._decide_within_noise(batch, comparison)
+
+    def _compare_finer(self, batch, comparison):
+        """The loss compared on finer shares of the batch, for a match
+        with the mean whose shares' losses were too near each other to
+        show its weights (see
+        :func:`~cgdp_chainer.runtime.replica.observations.discriminates`).
+
+        Args:
+            batch (Batch): The first batch.
+            comparison (Comparison): The comparison on the devices' shares.
+
+        Returns:
+            tuple: As for :meth:`_probe`; the kind ``'indistinct'`` where
+            the finer shares do not show the weights either.
+        """
+        shares = min(sum(batch.counts), observations.FINER_SHARES)
+        split = batch.split(shares) if shares > len(batch.counts) else None
+        if split is None:
+            return comparison._replace(kind='indistinct'), None
+        parts, counts = split
+        try:
+            forwards = observations.probe_forwards(
+                self._master, self._loss_func,
+                [shared.copied_inputs(part) for part in parts])
+        except Exception as error:
+            return None, error
+        finer = observations.compare(
+            comparison.whole, [f.loss for f in forwards], counts)
+        if finer.kind == 'mean' and not observations.discriminates(finer):
+            finer = finer._replace(kind='indistinct')
+        return finer, None
+
+    def _decide_within_noise(self, batch, comparison):
+        """A second draw of the whole batch's loss, for a comparison that
+        found neither: it tells a loss that draws random numbers in test
+        mode (a VAE's) from one that is neither a sum nor a mean, and
+        decides the first within its noise
+        (:func:`~cgdp_chainer.runtime.replica.observations.within_noise`).
+
+        The forward draws from a stream of its own (repeatable under a
+        seeded script); the caller's random states are put back after it.
+
+        Args:
+            batch (Batch): The first batch.
+            comparison (Comparison): The exact comparison of the loss.
+
+        Returns:
+            tuple: As for :meth:`_probe`.
+        """
+        try:
+            again, = observations.probe_forwards(
+                self._master, self._loss_func,
+                [shared.copied_inputs(batch.whole_inputs)],
+                seed=randomness.probe_words(self._random_base))
+        except Exception as error:
+            return None, error
+        return observations.within_noise(comparison, again.loss), None
+
+    def _agree_on_reduction(self, comparison, failure=None):
+        """The reduction the loss's comparison found, the same on every MPI
+        rank.
+
+        Args:
+            comparison (Comparison or None): The loss of the whole batch
+                against its shares' (None: a batch of one example on one
+                device, which cannot be split, or forwards that failed).
+            failure (Exception or None): What the forwards raised.
+
+        Raises:
+            ValueError: It cannot be told, or the ranks disagree.
+        """
+        found = comparison.kind if comparison is not None else None
+        code = REDUCTION_CODES.get(found, 0)
+        low = high = code
+        if self._allreducer is not None:
+            low = self._allreducer.allreduce_int(code, op='min')
+            high = self._allreducer.allreduce_int(code, op='max')
+        if low == high and code:
+            self._say('CGDP reduction: {!r}, found {}at the first '
+                      'iteration: {} (reduction= skips this check)'.format(
+                          found, 'within sampling noise '
+                          if comparison.again is not None else '',
+                          observations.describe_loss(comparison)))
+            return found
+        raise ValueError(observations.reduction_refusal(
+            comparison, other_ranks=code != 0,
+            failure=None if failure is None else accumulator.describe_error(failure))
+        ) from failure
+
