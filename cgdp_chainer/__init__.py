@@ -4,7 +4,7 @@ from cgdp_chainer.timeline import Timeline  # NOQA
 from cgdp_chainer.runtime.updater import CGDPUpdater  # NOQA
 from cgdp_chainer.runtime.multi_node_optimizer import (  # NOQA
     create_multi_node_optimizer)
-from cgdp_chainer.runtime import updater as _updater
+from cgdp_chainer.runtime.chunks import chunk_choice as _chunk_choice
 
 
 def _model_chunk_chooser():
@@ -14,4 +14,4 @@ def _model_chunk_chooser():
     return costmodel.ModelChunkChooser()
 
 
-_updater.register_chunk_size_policy('model', _model_chunk_chooser)
+_chunk_choice.register_chunk_size_policy('model', _model_chunk_chooser)

@@ -144,8 +144,8 @@ def runtime_chunking(chunk_size, n_layers):
     where it had none, the runtime's default chunks of
     ``DEFAULT_CHUNK_BYTES``."""
     if chunk_size is None:
-        from cgdp_chainer.runtime import updater
-        return ('bytes', updater.DEFAULT_CHUNK_BYTES)
+        from cgdp_chainer.runtime.chunks import chunking
+        return ('bytes', chunking.DEFAULT_CHUNK_BYTES)
     return min(int(chunk_size), n_layers)
 
 

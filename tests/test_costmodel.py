@@ -1569,9 +1569,9 @@ class _BatchNormNet(chainer.Chain):
 
 def test_candidate_chunk_sizes_start_where_the_runtime_search_starts():
     from cgdp_chainer.costmodel import predictions
-    from cgdp_chainer.runtime import updater
+    from cgdp_chainer.runtime.chunks import chunk_choice
     assert predictions.MAX_CANDIDATE_CHUNKS == \
-        updater.AUTO_SEARCH_MAX_CHUNKS
+        chunk_choice.AUTO_SEARCH_MAX_CHUNKS
     assert costmodel.candidate_chunk_sizes(4) == [1, 2, 4]
     # ResNet-152's 311 layers: at most 64 chunks, so from 5 layers.
     assert costmodel.candidate_chunk_sizes(311) == [5, 10, 20, 40, 80, 160,

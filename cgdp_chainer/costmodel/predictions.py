@@ -8,7 +8,7 @@ from cgdp_chainer.costmodel import simulate
 
 
 # The smallest candidate gives at most this many chunks, as the runtime's
-# 'auto' search starts (cgdp_chainer.runtime.updater.AUTO_SEARCH_MAX_CHUNKS):
+# 'auto' search starts (cgdp_chainer.runtime.chunks.chunk_choice.AUTO_SEARCH_MAX_CHUNKS):
 # a deep network has hundreds of layers, and each chunk costs a message and
 # a host task, so one-layer chunks are never the best there.
 MAX_CANDIDATE_CHUNKS = 64

@@ -1,21 +1,19 @@
 """CGDPUpdater: CPU-GPU data parallel training as a Chainer updater."""
-import collections
 import contextlib
 import copy
-import numbers
 import time
 
 import chainer
 from chainer.dataset import convert
-from chainer.dataset import iterator as iterator_module
 from chainer.training.updaters import standard_updater
 
+from cgdp_chainer.runtime import call_forms
 from cgdp_chainer.runtime.host import accumulator as accumulator_module
 from cgdp_chainer.runtime.transport import buffers
 from cgdp_chainer import blas
 from cgdp_chainer import devices as devices_module
-from cgdp_chainer import timeline as timeline_module
 from cgdp_chainer.runtime.replica import channels
+from cgdp_chainer.runtime.chunks import chunk_choice
 from cgdp_chainer.runtime.chunks import chunking
 from cgdp_chainer.runtime.replica import device_view
 from cgdp_chainer.runtime.input import input_path
@@ -28,35 +26,10 @@ from cgdp_chainer.runtime.transport import shared
 from cgdp_chainer.runtime.replica import static_graph_models
 from cgdp_chainer.runtime.replica import worker as worker_module
 
-REDUCTIONS = ('mean', 'sum')
+REDUCTIONS = call_forms.REDUCTIONS
 WORKER_KINDS = channels.WORKER_KINDS
 
 DEFAULT_CHUNK_BYTES = chunking.DEFAULT_CHUNK_BYTES
-
-# The 'auto' search starts at the layer count that gives at most this many
-# chunks, so that it stays within a few dozen iterations on deep networks
-# (ResNet-152 has over 300 layers).
-AUTO_SEARCH_MAX_CHUNKS = 64
-
-# Named chunk-size policies that need more than the runtime: higher layers
-# register them (the cost model registers 'model' in cgdp_chainer/__init__),
-# so that the runtime never imports them. 'auto' is the runtime's own.
-_CHUNK_SIZE_POLICIES = collections.OrderedDict()
-
-
-def register_chunk_size_policy(name, make_chooser):
-    """Makes ``chunk_size=name`` mean ``chunk_size=make_chooser()``.
-
-    Args:
-        name (str): The policy's name.
-        make_chooser (callable): Returns a chooser (see ``CGDPUpdater``).
-    """
-    _CHUNK_SIZE_POLICIES[name] = make_chooser
-
-
-def chunk_size_policies():
-    """Names that ``chunk_size`` accepts as a string."""
-    return ('auto',) + tuple(_CHUNK_SIZE_POLICIES)
 
 
 class CGDPUpdater(standard_updater.StandardUpdater):
@@ -287,28 +260,28 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                  host_threads=None, mpi_comm=None, auto_new_epoch=True,
                  workers='process', start_method='spawn', chunk_bytes=None,
                  loss_scale=None, report_kinds=None):
-        _check_arguments(reduction, timeline, blas_threads, host_threads,
+        call_forms.check_arguments(reduction, timeline, blas_threads, host_threads,
                          workers, start_method, converter, loss_func)
         self._report_kinds = observations.ReportKinds(report_kinds)
         self._devices = devices_module.parse_devices(devices)
         # One iterator per device (MultiprocessParallelUpdater's form), or
         # None: the devices split the 'main' iterator's batch.
-        self._device_iterators = _device_iterators(iterator,
+        self._device_iterators = call_forms.device_iterators(iterator,
                                                    len(self._devices))
         if self._device_iterators is not None:
-            iterator = _iterator_names(self._device_iterators)
+            iterator = call_forms.iterator_names(self._device_iterators)
         super(CGDPUpdater, self).__init__(
             iterator, optimizer, converter=converter, loss_func=loss_func,
             loss_scale=loss_scale, auto_new_epoch=auto_new_epoch)
         self.reduction = reduction if reduction is not None else \
-            default_reduction(devices, self._device_iterators is not None)
+            call_forms.default_reduction(devices, self._device_iterators is not None)
         self.timeline = timeline
         self.workers = workers
         self._start_method = start_method
         self._blas_threads = blas_threads
         self._host_threads = host_threads or max(1, min(4, blas.cpu_cores()))
         if self._device_iterators is None:
-            _check_batch_size(self.get_iterator('main'), len(self._devices))
+            call_forms.check_batch_size(self.get_iterator('main'), len(self._devices))
         optimizer = self.get_optimizer('main')
         master = optimizer.target
         master.to_device('@numpy')
@@ -317,11 +290,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             raise ValueError('{} has no parameters: there is nothing to '
                              'train'.format(type(master).__name__))
         self._n_layers = readiness.count_layers(master)
-        self._search = None
-        self._chooser = None
-        self._chunk_size = None
-        self._spec = self._parse_chunking(chunk_size, chunk_bytes)
-        self._ready = None       # the first iteration's BackwardReport
+        self._chunking = chunk_choice.ChunkChoice(chunk_size, chunk_bytes,
+                                                  self._n_layers)
         self._plan = None        # the ChunkPlan once formed
         self._plan_sent = False  # whether the replicas hold self._plan
         self._layout_unsent = None  # a flat layout the replicas must adopt
@@ -391,27 +361,24 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     @property
     def chunk_size(self):
         """Layers per chunk in use (``None`` for boundaries or bytes)."""
-        return self._chunk_size
+        return self._chunking.chunk_size
 
     @property
     def chunking_description(self):
         """The chunking in use in words, e.g. ``'129 chunks of >= 1 MiB'``
         (for figures and logs)."""
-        words = chunking.describe(
-            self._spec, None if self._plan is None else self._plan.n_chunks)
-        if self._search is not None:
-            words += ' (auto search)'
-        return words
+        return self._chunking.describe(
+            None if self._plan is None else self._plan.n_chunks)
 
     @property
     def chunk_size_settled(self):
         """False while ``chunk_size='auto'`` is still trying sizes."""
-        return self._search is None or self._search.done
+        return self._chunking.settled
 
     @property
     def chunk_size_search(self):
         """The ``'auto'`` search (its ``history`` and ``best``), or None."""
-        return self._search
+        return self._chunking.search
 
     @property
     def random_base(self):
@@ -432,48 +399,6 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         if self._replicas is None or self.workers != 'process':
             return None
         return self._replicas.round_trip_seconds(repeats)
-
-    def _parse_chunking(self, chunk_size, chunk_bytes):
-        """Checks ``chunk_size`` / ``chunk_bytes``; returns the spec
-        ``(kind, value)`` that forms the plan (``kind``: ``'size'``,
-        ``'bytes'`` or ``'boundaries'``; a policy or a chooser forms the
-        default chunks until it has chosen)."""
-        kind, value = chunking.parse_chunking(
-            chunk_size, chunk_bytes, self._n_layers, chunk_size_policies())
-        if kind == 'policy' and value == 'auto':
-            from cgdp_chainer.runtime.chunks import chunk_search
-            start = max(1, -(-self._n_layers // AUTO_SEARCH_MAX_CHUNKS))
-            self._search = chunk_search.ChunkSizeSearch(self._n_layers,
-                                                        start=start)
-            return self._size_spec(self._search.current_size)
-        if kind == 'policy':
-            self._chooser = _CHUNK_SIZE_POLICIES[value]()
-            return ('bytes', DEFAULT_CHUNK_BYTES)  # until it has chosen
-        if kind == 'chooser':
-            self._chooser = value
-            return ('bytes', DEFAULT_CHUNK_BYTES)
-        if kind == 'size':
-            return self._size_spec(value)
-        return (kind, value)
-
-    def _size_spec(self, size):
-        self._chunk_size = size
-        return ('size', min(size, self._n_layers))
-
-    def _plan_from(self, report):
-        """The plan ``self._spec`` gives for one backward's ready order."""
-        return chunking.plan_from(
-            self._spec, report,
-            self.get_optimizer('main').target.namedparams(), self._n_layers)
-
-    def _form_plan(self, reports):
-        """Forms the plan from the first iteration's ready orders and checks
-        that every replica and every rank forms the same one."""
-        plans = [self._plan_from(report) for report in reports]
-        plans[0].check_same([p.fingerprint for p in plans], what='replica')
-        chunking.check_same_on_every_rank(plans[0], self._allreducer)
-        self._ready = reports[0]
-        self._use_plan(plans[0])
 
     def _use_plan(self, plan):
         if plan == self._plan:
@@ -500,9 +425,12 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         self._layout_unsent = layout
 
     def _set_chunk_size(self, size):
-        self._spec = self._size_spec(size)
-        if self._ready is not None:
-            self._use_plan(self._plan_from(self._ready))
+        plan = self._chunking.resize(size, self._named_params())
+        if plan is not None:
+            self._use_plan(plan)
+
+    def _named_params(self):
+        return list(self.get_optimizer('main').target.namedparams())
 
     # -- the iteration ----------------------------------------------------
 
@@ -585,17 +513,20 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self._record_events(results, start, sync_end)
         if forming:
             try:
-                self._form_plan([r.ready for r in results])
+                self._use_plan(self._chunking.form(
+                    [r.ready for r in results], self._named_params(),
+                    self._allreducer))
             except BaseException:
                 self._stop_replicas()
                 raise
-        if self._search is not None:
+        if self._chunking.search is not None:
             # The size this iteration ran with; LogReport keeps the trail.
-            chainer.report({'cgdp/chunk_size': self._chunk_size})
+            chainer.report({'cgdp/chunk_size': self._chunking.chunk_size})
             # The first iteration runs one chunk to learn the ready order:
             # its time says nothing about the size being tried.
-            if not self._search.done and not forming:
-                self._advance_search(seconds)
+            if not self._chunking.settled and not forming:
+                self._set_chunk_size(self._chunking.searched(
+                    seconds, self._allreducer))
 
         if self.auto_new_epoch and iterator.is_new_epoch:
             self.get_optimizer('main').new_epoch(auto=True)
@@ -801,7 +732,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                 ['replica {} {}'.format(index, devices_module.spec_of(device))
                  for index, device in enumerate(self._devices)],
                 rank=getattr(self._allreducer, 'rank', None))
-        if self._chooser is not None:
+        if self._chunking.chooser is not None:
             self._choose_chunk_size(master, shared.copied_inputs(batch.inputs[0]))
         self._structure = master_module.MasterStructure(master)
         self._persistents = master_module.PersistentsRecord(master)
@@ -882,35 +813,14 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         reporter.add_observer('main', replica)
         reporter.add_observers('main', replica.namedlinks(skipself=True))
         with reporter.scope({}):
-            size = self._chooser(
+            size = self._chunking.chooser(
                 replica, device,
                 worker_module.send_inputs(device, sample_inputs),
                 len(self._devices), self.loss_func,
                 self._host_threads, self.workers,
                 optimizer=self.get_optimizer('main'))
         del replica
-        if isinstance(size, bool) or not isinstance(
-                size, numbers.Integral) or size < 1:
-            raise ValueError(
-                'the chunk-size chooser returned {!r}; it must return a '
-                'positive int (layers per chunk)'.format(size))
-        if self._allreducer is not None:
-            # Ranks profile separately; all must cut the model alike.
-            size = self._allreducer.allreduce_int(
-                size if self._allreducer.rank == 0 else 0, op='max')
-        self._chooser = None
-        self._set_chunk_size(int(size))
-
-    def _advance_search(self, seconds):
-        if self._allreducer is not None:
-            # Every rank must pick the same size: judge by the slowest.
-            seconds = self._allreducer.allreduce_scalar(seconds, op='max')
-        self._search.record(seconds)
-        if self._search.done:
-            print('CGDP chunk-size search: chose {} from (size, seconds) {}'
-                  .format(self._search.best, self._search.history),
-                  flush=True)
-        self._set_chunk_size(self._search.current_size)
+        self._set_chunk_size(self._chunking.chosen(size, self._allreducer))
 
     # -- state ------------------------------------------------------------
 
@@ -965,109 +875,3 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self._replicas.close()
         if self._allreducer is not None:
             self._allreducer.close()
-
-
-def default_reduction(devices, iterator_list):
-    """The reduction that keeps a switched script's result (see
-    ``CGDPUpdater``'s ``reduction``).
-
-    Args:
-        devices: The ``devices`` argument as given.
-        iterator_list (bool): Whether one iterator per device was given.
-
-    Returns:
-        str or None: ``'sum'`` for one iterator with a dict of devices
-        (``ParallelUpdater``'s arithmetic); None otherwise (a list of
-        devices, or one iterator per device): the reduction that gives
-        ``StandardUpdater``'s result on the whole batch (the concatenated
-        batches in the list form), found from the loss at the first
-        iteration (``'mean'`` for a mean over the examples, ``'sum'`` for a
-        loss that adds up over them).
-    """
-    if not iterator_list and isinstance(devices, dict):
-        return 'sum'
-    return None
-
-
-ITERATOR_FORMS = ('a chainer.dataset.Iterator, a dict of them with a '
-                  "'main' key, or a list or tuple of them, one per device "
-                  "(MultiprocessParallelUpdater's form)")
-
-
-def _device_iterators(iterator, n_devices):
-    """Checks ``iterator``; returns the list of one iterator per device, or
-    None for a single iterator (or a dict of them) whose batch the devices
-    split.
-
-    Raises:
-        ValueError: A wrong type, a dict without ``'main'``, or a list
-            whose length differs from the devices' count.
-    """
-    if isinstance(iterator, iterator_module.Iterator):
-        return None
-    if isinstance(iterator, dict):
-        if 'main' not in iterator:
-            raise ValueError(
-                "iterator is a dict without a 'main' key (keys: {}); pass "
-                '{}'.format(sorted(map(str, iterator)), ITERATOR_FORMS))
-        return None
-    if not isinstance(iterator, (list, tuple)):
-        raise ValueError('iterator must be {}; got {!r}'.format(
-            ITERATOR_FORMS, iterator))
-    for index, item in enumerate(iterator):
-        if not isinstance(item, iterator_module.Iterator):
-            raise ValueError(
-                'iterator {} of the list is a {}, not a '
-                'chainer.dataset.Iterator; iterator must be {}'.format(
-                    index, type(item).__name__, ITERATOR_FORMS))
-    if len(iterator) != n_devices:
-        raise ValueError(
-            'iterator is a list of {} iterators for {} devices; give one '
-            'iterator per device'.format(len(iterator), n_devices))
-    return list(iterator)
-
-
-def _check_batch_size(iterator, n_devices):
-    """Raises ValueError where the iterator's batch (when it tells its
-    size) is too small to give every device an example."""
-    batch_size = getattr(iterator, 'batch_size', None)
-    if batch_size is not None and batch_size < n_devices:
-        raise ValueError(
-            'batch size {} is smaller than the number of devices ({}): '
-            'every device needs at least one example'.format(
-                batch_size, n_devices))
-
-
-def _iterator_names(iterators):
-    """The list form's iterators by name, the first as ``'main'`` (whose
-    epoch the trainer follows): StandardUpdater snapshots and finalizes
-    every named iterator."""
-    named = collections.OrderedDict([('main', iterators[0])])
-    for index, iterator in enumerate(iterators[1:], start=1):
-        named['replica{}'.format(index)] = iterator
-    return named
-
-
-def _check_arguments(reduction, timeline, blas_threads, host_threads,
-                     workers, start_method, converter, loss_func):
-    """Raises ValueError naming the first wrong argument of CGDPUpdater
-    (``devices`` and ``iterator`` are checked where they are parsed)."""
-    if reduction is not None and reduction not in REDUCTIONS:
-        raise ValueError('unknown reduction {!r}; valid: {} or None (chosen '
-                         'from the call form)'.format(
-                             reduction, ', '.join(REDUCTIONS)))
-    if workers not in WORKER_KINDS:
-        raise ValueError('unknown workers {!r}; valid: {}'.format(
-            workers, ', '.join(WORKER_KINDS)))
-    if start_method not in channels.START_METHODS:
-        raise ValueError('unknown start_method {!r}; valid: {}'.format(
-            start_method, ', '.join(channels.START_METHODS)))
-    blas.threads_per_replica(2, blas_threads)  # raises on a bad value
-    accumulator_module.check_host_threads(host_threads)
-    timeline_module.check_timeline(timeline)
-    if not callable(converter):
-        raise ValueError('converter must be callable; got {!r}'.format(
-            converter))
-    if loss_func is not None and not callable(loss_func):
-        raise ValueError('loss_func must be callable or None; got '
-                         '{!r}'.format(loss_func))
