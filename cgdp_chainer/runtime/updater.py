@@ -38,119 +38,22 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     Each device holds a replica of the optimizer's target and computes the
     gradients of its share of the batch with an ordinary forward and one
     backward. As soon as the gradients of a chunk of layers are final on a
-    device (its parameters' last uses have been backpropagated), they go to
-    the host accumulator, which sums the chunk over the devices, runs the
-    optimizer's update rules for it and sends the new weights back, while
-    the devices go on with the backward of earlier layers. Only the last
-    chunk's sync (the first layers') is exposed, and the next forward of a
-    layer waits only for its own chunk's new weights.
+    device, they go to the host, which sums the chunk over the devices,
+    runs the optimizer's update rules for it and sends the new weights
+    back, while the devices go on with the backward of earlier layers. Only
+    the last chunk's sync (the first layers') is exposed, and the next
+    forward of a layer waits only for its own chunk's new weights.
 
-    Any :class:`chainer.Link` trains this way: branches, skip connections,
-    tied weights, parameters unused in an iteration, a graph that changes
-    from one iteration to the next. A *layer* is a link that directly owns
-    parameters; chunks are runs of consecutive layers in the order their
-    gradients became ready in the first iteration (which hands the whole
-    model over after its backward, to learn that order), fixed afterwards
-    and the same on every replica and MPI rank. A parameter that a replica
-    did not use counts as a zero gradient there; one that no replica used
-    is updated with a zero gradient, as ``StandardUpdater`` (whose
-    ``optimizer.update()`` reallocates cleared gradients as zeros) does.
-    Lazily initialized parameters (``L.Linear(None, n)``) are initialized
-    at the first update by a forward of the master on the whole first batch,
-    exactly as ``StandardUpdater`` would, before the replicas are built.
+    It takes the call forms of Chainer's updaters, so that switching a
+    script is one line, and the switched script trains what it trained
+    before (parameters, ``param.grad``, reported values, random streams,
+    resume); the optimizer's target (the user's model) is the master, in
+    host memory, and holds the trained parameters whenever extensions run.
+    docs/USAGE.md says how each of these holds, and what is refused::
 
-    Usable wherever :class:`~chainer.training.updaters.ParallelUpdater` is.
-    The optimizer's target (the user's model) is the master: it is moved to
-    host memory, and it holds the trained parameters whenever trainer
-    extensions run and after training. It is also the truth between
-    iterations, as for ``StandardUpdater``: where user code may have run
-    since the last ``update()`` (outside a Trainer's loop, or after one of
-    its extensions that may write the model), each ``update()`` first checks
-    every master parameter's identity (a parameter added, removed, reshaped,
-    retyped, uninitialized or with its link replaced is refused by name),
-    copies replaced arrays into the master's flat buffer, which host
-    replicas read, sends changed persistent values to every replica, and
-    gives GPU replicas, which hold copies, every chunk again. Inside a
-    Trainer's loop of extensions known not to write the model, and inside
-    :meth:`unattended`, nothing but the updater touched the model, and
-    none of this runs.
-    BatchNormalization statistics stay per device; those of the first are
-    copied to the master before anything may read them: in a Trainer's loop
-    before an extension that may read the model, in :meth:`serialize`,
-    :meth:`finalize` and :meth:`sync_persistents`, and outside a Trainer's
-    loop after every ``update()``. So evaluation and snapshots use the
-    first replica's, as with ``ParallelUpdater``, whose main model is the
-    first device's.
-    Reported values (``main/loss``, counts, ...) are those
-    ``StandardUpdater`` reports on the whole batch: a value that adds up
-    over the examples (a summed loss, a count) is summed over the devices,
-    a mean is averaged weighted by their shares of the examples; which a
-    key is, is found at the first iteration (see
-    :mod:`~cgdp_chainer.runtime.replica.observations`; ``report_kinds``
-    overrides it). Each keeps the type the model reported (an ``int``
-    stays an exact ``int``, a NumPy scalar keeps its dtype, a Variable
-    stays a Variable). At the first iteration, when
-    ``chainer.config.keep_graph_on_report`` is on (as
-    :class:`~chainer.training.extensions.DumpGraph` sets it), ``main/loss``
-    is the loss of a forward of the master on the whole batch, with its
-    graph.
-
-    A batch that the iterator returns as a list of examples is split as
-    ``ParallelUpdater`` splits it (device ``i`` of ``n`` gets
-    ``batch[i::n]``) and each share converted; one in any other form (a
-    tuple or dict of arrays already batched, as the word2vec example's
-    iterator returns, an array) is converted whole, as ``StandardUpdater``
-    converts it, and every array of the converter's output split along its
-    first axis (see :mod:`~cgdp_chainer.runtime.input.batches`).
-
-    By default every replica runs in a worker process of its own
-    (``workers='process'``), so that Chainer's Python work runs in parallel;
-    the master's parameters and the gradient slots live in shared memory.
-    The model (and ``loss_func``) must then be picklable by cloudpickle
-    (lambdas and closures are; see :mod:`~cgdp_chainer.runtime.replica.replica_copy`
-    for how either worker kind copies them), and a script that
-    trains must guard its code with ``if __name__ == '__main__':``, since
-    the workers import the script's module. ``workers='thread'`` runs the
-    replicas as threads of this process instead (they then share the
-    interpreter lock). Worker processes start at the first ``update()``
-    and stay until :meth:`finalize`, or until an error in ``update()``
-    (in a worker or in this process), which stops them at once and closes
-    the updater. ``'@numpy'`` replicas read the
-    master's arrays; each gets ``blas_threads`` BLAS threads, since replicas
-    that all use every core slow each other down.
-
-    Random functions in the model (``F.dropout``, ``F.gaussian``, ...)
-    draw per replica from streams derived from a base seed, the MPI rank,
-    the iteration and the replica (see :mod:`cgdp_chainer.randomness`):
-    the base is taken from NumPy's global state when the updater is built,
-    without drawing, and snapshots keep it, so seeded runs repeat and
-    resumed runs continue exactly; the caller's global state is left as
-    ``StandardUpdater`` leaves it for a model without random functions.
-    Several ``'@numpy'`` replica threads share NumPy's one global state:
-    where they draw from it, a warning names the ways out.
-
-    ``@static_graph`` models (``chainer.static_graph`` on a link's
-    ``__call__`` or ``forward``) train as any other: the replicas, and the
-    first iteration's forwards of the master, run them define-by-run
-    (``chainer.config.use_static_graph`` False), which computes the same
-    values as the static schedule, so that the readiness backward sees each
-    layer's gradients become final (the schedule replays the whole backward
-    as one node); a line of the log says so (see
-    :mod:`~cgdp_chainer.runtime.replica.static_graph_models`). The master's own
-    calls outside the updater (an ``Evaluator``) keep the static schedule.
-
-    Not supported, and refused at the first iteration: ``F.forget`` (its
-    backward recomputes the forward behind the per-layer hand-over).
-
-    It takes the call forms of Chainer's multi-device updaters, so that
-    switching a script is one line: ``ParallelUpdater``'s (one iterator,
-    ``devices`` a dict with a ``'main'`` key) and
-    ``MultiprocessParallelUpdater``'s (a list of iterators, one per device:
-    device ``i`` trains on iterator ``i``'s batch; epochs follow the first
-    iterator, which is ``get_iterator('main')``; snapshots hold every
-    iterator, the others as ``'replica1'``, ``'replica2'``, ...). Unless
-    ``reduction`` is given, the result is what the switched script trained
-    before (see ``reduction``).
+        updater = cgdp_chainer.CGDPUpdater(   # was: StandardUpdater(...)
+            train_iter, optimizer, devices=['@cupy:0', '@cupy:1'])
+        trainer = chainer.training.Trainer(updater, (20, 'epoch'))
 
     Args:
         iterator: Dataset iterator for the training dataset (or a dict with
@@ -184,47 +87,24 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             layers join a chunk until it holds at least this many bytes of
             parameters (PyTorch DDP's buckets).
         reduction (str or None): ``'mean'``: the devices' gradients are
-            averaged, weighted by each device's share of the examples, so
-            that a loss that is a mean over the examples trains as one
-            device on the whole batch (``StandardUpdater``); ``'sum'``:
-            they are summed, so that a loss that adds up over the examples
-            does, and as ``ParallelUpdater`` and
-            ``MultiprocessParallelUpdater`` sum them. ``None`` (default):
-            ``'sum'`` for one iterator with a dict of devices
-            (``ParallelUpdater``'s parameters); otherwise (a list of
-            devices, or one iterator per device, which trains as one device
-            on the concatenated batches) the one that gives
-            ``StandardUpdater``'s result, found at the first iteration,
-            before any update: forwards of the master with
-            ``chainer.config.train`` False (which leave its parameters,
-            statistics and NumPy's random state as they were) on the whole
-            batch and on each device's share say whether the whole batch's
-            loss is the shares' sum or their weighted mean; a line of the
-            log says what was found. Where neither matches, a second
-            forward on the whole batch with other random numbers tells a
-            loss that draws random numbers in every mode (a VAE's), which
-            is then decided within its sampling noise (see
-            :func:`~cgdp_chainer.runtime.replica.observations.within_noise`; the
-            log says so). Where it cannot be told (both match, as zero
-            losses do; neither does, with the same loss twice or with a
-            noise too large; the forwards raise) the first ``update()``
-            raises a ``ValueError`` naming the values and asking for
-            ``reduction``; under MPI every rank must find the same.
-            ``updater.reduction`` holds the choice (None until then).
-        converter: Converter for each device's share of the batch; it is
-            called in this process with the CPU device, and the arrays are
-            sent to the replica's device there. It may return arrays and
-            tuples, lists and dicts of them nested at any depth (lists of
-            arrays of different lengths, as Chainer's NLP examples), with
-            numbers and None among them; the model gets the same containers.
-            For a batch that is not a list of examples it is called once on
-            the whole batch, and its output must hold the examples along
-            the first axis of every array (lists in it are refused: a
-            ragged list of examples cannot be told from a container).
-            With a ``SerialIterator`` the next batch is read (the dataset's
-            ``get_example``) and converted in a background thread while an
-            iteration computes, the iterator moving only when the batch is
-            used (see :mod:`~cgdp_chainer.runtime.input.input_path`).
+            averaged, weighted by each device's share of the examples (a
+            loss that is a mean over the examples then trains as
+            ``StandardUpdater`` on the whole batch); ``'sum'``: they are
+            summed (a loss that adds up over the examples; ``ParallelUpdater``
+            sums them). ``None`` (default): ``'sum'`` for a dict of devices,
+            otherwise found from the loss at the first iteration, before
+            any update (:mod:`~cgdp_chainer.runtime.replica.loss_reduction`;
+            a line of the log says what was found), or refused with the
+            values measured where it cannot be told. ``updater.reduction``
+            holds the choice.
+        converter: Converter for each device's share of the batch, called
+            in this process with the CPU device (any nesting of arrays,
+            tuples, lists and dicts; a batch that is not a list of examples
+            is converted whole and split along the first axis, see
+            :mod:`~cgdp_chainer.runtime.input.batches`). With a
+            ``SerialIterator`` the next batch is read and converted in a
+            background thread while an iteration computes (see
+            :mod:`~cgdp_chainer.runtime.input.input_path`).
         loss_func (callable): ``loss_func(*in_arrays)`` returns the loss,
             as in ``StandardUpdater``; by default the target itself.
         loss_scale (float or None): Loss scaling factor, as in
@@ -461,13 +341,17 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             raise
 
     def _iterate(self, in_loop, edited):
+        """One iteration, as the algorithm goes: take the user's edits,
+        draw the batch (read and converted while the last iteration
+        computed), start the next one's reading, run the replicas (each
+        hands its chunks over during its backward; the host reduces,
+        updates and publishes each chunk meanwhile), then report the
+        whole batch's values and settle the chunking."""
         if self._device_view is not None:
             self._device_view.restore()  # after an evaluation that raised
         if self._replicas is not None:
             self._take_user_edits(edited)
-        iterator = self.get_iterator('main')
         batch = self._next_batches()
-        n = len(self._devices)
         first_reports = None
         if self._replicas is None:
             # The master's forwards at the first iteration run
@@ -475,42 +359,62 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             # schedule on the master that training would leave unfinished.
             with static_graph_models.define_by_run():
                 first_reports = self._start(batch)
-        # The next batch is read and converted while this one computes.
         self._input_path.read_ahead()
-        inputs = batch.inputs
-        # Each device's weight in 'mean': its fraction of the examples (the
-        # iterators of the list form may give batches of different sizes).
-        shares = batch.shares
+        forming = self._plan is None
+        results, seconds = self._run_replicas(batch, forming, in_loop,
+                                              edited)
+        self._keep_persistents(results[0])
+        self._report([r.observation for r in results], batch.counts,
+                     first_reports)
+        self._settle_chunking(results, forming, seconds)
+        if self.auto_new_epoch and self.get_iterator('main').is_new_epoch:
+            self.get_optimizer('main').new_epoch(auto=True)
 
+    def _run_replicas(self, batch, forming, in_loop, edited):
+        """Runs every replica's forward and backward on its share while the
+        host reduces, updates and publishes each chunk; returns once the
+        last chunk is published.
+
+        Returns:
+            tuple: The replicas' results and the seconds they took.
+        """
         timeline = self.timeline
         start = timeline.now() if timeline is not None else None
-        forming = self._plan is None
-        jobs = self._jobs(n, forming, send_persistents=not in_loop)
+        jobs = self._jobs(len(self._devices), forming,
+                          send_persistents=not in_loop)
+        # Each device's weight in 'mean': its fraction of the examples (the
+        # iterators of the list form may give batches of different sizes).
         self._accumulator.start_iteration(
-            self.iteration, shares,
+            self.iteration, batch.shares,
             write_grads=self._watch.gradients_wanted(
                 in_loop, self.iteration + 1, self.epoch_detail),
             revalidate=edited)
-        search_start = time.perf_counter()
+        began = time.perf_counter()
         with self._streams.scope(self.iteration) as shared_random:
-            results = self._replicas.run(jobs, inputs)
+            results = self._replicas.run(jobs, batch.inputs)
         self._streams.check_shared_draws(shared_random)
         if not self._failures.failed:
             self._accumulator.wait()
-        seconds = time.perf_counter() - search_start
+        seconds = time.perf_counter() - began
         sync_end = timeline.now() if timeline is not None else None
         if self._failures.failed:
             self._stop_replicas()
             raise self._failures.error
-
-        if results[0].persistents is not None:
-            self._load_replica_persistents(results[0].persistents)
-        else:
-            self._persistents_stale = self._has_persistents
-        self._report([r.observation for r in results], batch.counts,
-                     first_reports)
         if timeline is not None:
             self._record_events(results, start, sync_end)
+        return results, seconds
+
+    def _keep_persistents(self, first):
+        """Takes the first replica's persistent values where it sent them;
+        else notes that the master's are behind."""
+        if first.persistents is not None:
+            self._load_replica_persistents(first.persistents)
+        else:
+            self._persistents_stale = self._has_persistents
+
+    def _settle_chunking(self, results, forming, seconds):
+        """Forms the chunk plan after the first iteration, and moves the
+        ``'auto'`` search on by this iteration's time."""
         if forming:
             try:
                 self._use_plan(self._chunking.form(
@@ -527,9 +431,6 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             if not self._chunking.settled and not forming:
                 self._set_chunk_size(self._chunking.searched(
                     seconds, self._allreducer))
-
-        if self.auto_new_epoch and iterator.is_new_epoch:
-            self.get_optimizer('main').new_epoch(auto=True)
 
     def _jobs(self, n, forming, send_persistents):
         """The iteration's :class:`~cgdp_chainer.runtime.replica.worker.Job` of
