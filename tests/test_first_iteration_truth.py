@@ -21,7 +21,7 @@ import numpy
 import pytest
 
 import cgdp_chainer
-from equivalence import assert_same_params
+from equivalence import assert_same_params, train
 
 WORKERS = ['thread', pytest.param('process', marks=pytest.mark.slow)]
 
@@ -65,19 +65,17 @@ def _statistics(model):
             'avg_var': model.bn.avg_var.copy()}
 
 
-def _train(model, make_updater, iterations=2, batch=6):
+def _momentum(model):
     optimizer = chainer.optimizers.MomentumSGD(lr=0.05)
     optimizer.setup(model)
-    iterator = chainer.iterators.SerialIterator(_images(), batch,
-                                                shuffle=False)
-    updater = make_updater(iterator, optimizer)
-    try:
-        for _ in range(iterations):
-            updater.update()
-    finally:
-        updater.finalize()
-    return ({name: param.array.copy() for name, param in model.namedparams()},
-            _statistics(model))
+    return optimizer
+
+
+def _train(model, make_updater, iterations=2):
+    """The parameters and BatchNormalization statistics after training."""
+    params = train(model, _momentum, make_updater, iterations=iterations,
+                   batch=6, data=_images())
+    return params, _statistics(model)
 
 
 @pytest.mark.parametrize('workers', WORKERS)
