@@ -23,6 +23,7 @@ import functools
 import importlib
 import json
 import os
+import sys
 
 import _common  # first: it imports cgdp_chainer before Chainer
 from _common import cgdp_mpi
@@ -39,6 +40,12 @@ MODULES = {'chainermn': 'chainermn', 'cgdp': 'cgdp_chainer',
            'cgdp-rank-hosts': 'cgdp_chainer'}
 OPTIONS = {'cgdp-rank-hosts': {'node_host': False}}
 
+# --device: where the models train. 'standin': on '@numpy', but CGDP's runs
+# go through the GPU path of the optimizer form (host shadow, the chunked
+# CUDA transfer, copies) with the CPU stand-in of CuPy's copies
+# (tests/cuda_standin.py); ChainerMN's run is the plain '@numpy' one.
+DEVICES = ('numpy', 'standin')
+
 # Per rank by design in every script: BatchNormalization's running
 # statistics (each rank normalizes its own batches) and recurrent state.
 PER_RANK = ('persistent/', 'state/')
@@ -50,6 +57,8 @@ def parse_args(description, add_arguments=None, out=True):
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument('--impl', choices=sorted(MODULES), required=True,
                         help='whose create_multi_node_optimizer to call')
+    parser.add_argument('--device', choices=DEVICES, default='numpy',
+                        help='where the models train (see DEVICES)')
     if out:
         parser.add_argument('--out', required=True,
                             help='folder for rank<r>.npz and rank<r>.json')
@@ -58,12 +67,21 @@ def parse_args(description, add_arguments=None, out=True):
     return parser.parse_args()
 
 
-def multi_node_optimizer_factory(impl):
+def multi_node_optimizer_factory(impl, device='numpy'):
     """``chainermn.create_multi_node_optimizer`` or
-    ``cgdp_chainer.create_multi_node_optimizer``: the one switched call."""
+    ``cgdp_chainer.create_multi_node_optimizer``: the one switched call
+    (with the CPU stand-in of the GPU path for CGDP where ``device`` is
+    'standin')."""
     create = getattr(importlib.import_module(MODULES[impl]),
                      'create_multi_node_optimizer')
-    return functools.partial(create, **OPTIONS.get(impl, {}))
+    options = dict(OPTIONS.get(impl, {}))
+    if device == 'standin' and MODULES[impl] == 'cgdp_chainer':
+        tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        if tests not in sys.path:
+            sys.path.insert(0, tests)
+        import cuda_standin
+        options['device_copies'] = cuda_standin.HostDeviceCopies
+    return functools.partial(create, **options)
 
 
 def start():

@@ -122,7 +122,7 @@ def main():
     comm = _anyloop.start()
     with _anyloop.abort_on_exception(comm):
         model, values = train(
-            comm, _anyloop.multi_node_optimizer_factory(args.impl))
+            comm, _anyloop.multi_node_optimizer_factory(args.impl, args.device))
         _anyloop.write_results(comm, args.out, {'model': model}, values)
         _anyloop.finish(comm, 'anyloop-custom-loop')
 
