@@ -95,11 +95,8 @@ def create_multi_node_optimizer(actual_optimizer, communicator,
             (one master, its state and the gradient slots in shared memory,
             each rank updating its part of every chunk) where the optimizer
             allows it; False: every rank keeps a host of its own.
-        device_copies (callable or None): For tests on the CPU:
-            ``device_copies(device)`` returns a stand-in of CuPy's copies
-            (see ``cuda_transfer.CupyCopies``), and the model trains
-            through the GPU path on whatever device it is. None: a model on
-            a GPU uses CuPy's, a model on '@numpy' the host path.
+        device_copies (callable or None): Tests: ``device_copies(device)``
+            stands in for CuPy's copies, the model takes the GPU path.
 
     Returns:
         MultiNodeOptimizer: Use it as the actual optimizer. Where the

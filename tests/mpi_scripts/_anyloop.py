@@ -28,6 +28,7 @@ import sys
 import _common  # first: it imports cgdp_chainer before Chainer
 from _common import cgdp_mpi
 
+import chainer  # NOQA: E402
 import chainermn  # NOQA: E402
 import numpy  # NOQA: E402
 
@@ -44,7 +45,18 @@ OPTIONS = {'cgdp-rank-hosts': {'node_host': False}}
 # go through the GPU path of the optimizer form (host shadow, the chunked
 # CUDA transfer, copies) with the CPU stand-in of CuPy's copies
 # (tests/cuda_standin.py); ChainerMN's run is the plain '@numpy' one.
-DEVICES = ('numpy', 'standin')
+# 'gpu': every run on the rank's GPU ('@cupy:<intra rank % GPUs>', so two
+# ranks share a machine's only GPU), in the scripts that take it.
+DEVICES = ('numpy', 'standin', 'gpu')
+
+
+def device_of(args, comm):
+    """The Chainer device of this rank's models for ``--device``."""
+    if args.device != 'gpu':
+        return chainer.get_device('@numpy')
+    import cupy
+    return chainer.get_device('@cupy:{}'.format(
+        comm.intra_rank % cupy.cuda.runtime.getDeviceCount()))
 
 # Per rank by design in every script: BatchNormalization's running
 # statistics (each rank normalizes its own batches) and recurrent state.
@@ -98,15 +110,16 @@ def abort_on_exception(comm):
 def model_arrays(name, model):
     """The npz entries of one model: parameters, grads, persistents."""
     arrays = {}
+    host = chainer.backend.CpuDevice().send
     for path, param in sorted(model.namedparams()):
-        arrays['{}{}'.format(name, path)] = param.array
+        arrays['{}{}'.format(name, path)] = host(param.array)
         if param.grad is not None:
-            arrays['grad/{}{}'.format(name, path)] = param.grad
+            arrays['grad/{}{}'.format(name, path)] = host(param.grad)
     for path, link in sorted(model.namedlinks()):
         for persistent in sorted(link._persistent):
             arrays['persistent/{}{}/{}'.format(
                 name, path.rstrip('/'), persistent)] = numpy.asarray(
-                    getattr(link, persistent))
+                    host(getattr(link, persistent)))
     return arrays
 
 
