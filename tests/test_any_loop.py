@@ -193,16 +193,68 @@ def test_a_host_per_rank_trains_what_a_shared_node_host_does(
     assert_same_reports(rank_hosts, reference)
 
 
+# -- the GPU path, on the CPU stand-in of CuPy's copies -----------------------
+
+# CGDP's runs train each model through the optimizer form's GPU path (host
+# shadow, ChunkedCudaTransfer, copy streams that hold their copies back
+# until an event orders them), with the NumPy stand-in of tests/
+# cuda_standin.py; ChainerMN's '@numpy' run is the reference.
+STANDIN = ('--device', 'standin')
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize('role', [1, RANK_HOSTS],
+                         ids=['node-host', 'rank-hosts'])
+@pytest.mark.parametrize('shape', sorted(SHAPES))
+def test_the_gpu_path_trains_what_chainermn_trains(mpiexec, trained, shape,
+                                                   role):
+    reference = trained(*SHAPES[shape], 0)
+    device_run = trained(*SHAPES[shape], role, *STANDIN)
+    assert_ranks_agree(device_run)
+    assert_same_arrays(device_run, reference)
+    assert_same_reports(device_run, reference)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_the_gpu_path_snapshots_and_resumes_as_chainermn_does(
+        mpiexec, trained):
+    for reference, candidate in zip(
+            resumed_pair(trained, 0),
+            resumed_pair(trained, 1, *STANDIN)):
+        assert_same_arrays(candidate, reference)
+        assert_same_reports(candidate, reference)
+
+
+# On GPUs: ChainerMN's run and CGDP's of the same script on the same GPUs
+# (two ranks on the one GPU of a machine that has one).
+GPU = ('--device', 'gpu')
+GPU_SHAPES = ('custom_loop',)  # the scripts that take --device gpu
+
+
+@pytest.mark.mpi
+@pytest.mark.gpu
+@pytest.mark.parametrize('shape', GPU_SHAPES)
+def test_on_gpus_the_switched_call_trains_what_chainermn_trains(
+        mpiexec, trained, shape):
+    reference = trained(*SHAPES[shape], 0, *GPU)
+    candidate = trained(*SHAPES[shape], 1, *GPU)
+    for run in (reference, candidate):
+        assert_ranks_agree(run)
+    assert_same_arrays(candidate, reference)
+    assert_same_reports(candidate, reference)
+
+
 # -- a Trainer, a snapshot, a resumed run -------------------------------------
 
-def resumed_pair(trained, role):
+def resumed_pair(trained, role, *args):
     """The uninterrupted run, and the run resumed from its snapshot."""
-    whole = trained(*RESUME, role, '--snapshot-at', str(SNAPSHOT_AT))
+    whole = trained(*RESUME, role, '--snapshot-at', str(SNAPSHOT_AT), *args)
     snapshot = os.path.join(whole.out, 'trainer',
                             'snapshot_rank0_iter_{}'.format(SNAPSHOT_AT))
     assert os.path.isfile(snapshot), os.listdir(os.path.dirname(snapshot))
     resumed = trained(*RESUME, role, '--snapshot-at', str(SNAPSHOT_AT),
-                      '--resume', snapshot)
+                      '--resume', snapshot, *args)
     return whole, resumed
 
 

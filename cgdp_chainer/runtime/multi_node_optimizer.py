@@ -39,6 +39,7 @@ from cgdp_chainer import timeline as timeline_module
 from cgdp_chainer.runtime.host import accumulator as accumulator_module
 from cgdp_chainer.runtime.transport import buffers
 from cgdp_chainer.runtime.chunks import chunking
+from cgdp_chainer.runtime.replica import device_replica
 from cgdp_chainer.runtime.host import host_update as host_update_module
 from cgdp_chainer.runtime.host import master as master_module
 from cgdp_chainer.runtime.host import node_host
@@ -59,7 +60,7 @@ def create_multi_node_optimizer(actual_optimizer, communicator,
                                 double_buffering=False, zero_fill=True,
                                 chunk_size=None, chunk_bytes=None,
                                 host_threads=None, timeline=None,
-                                node_host=True):
+                                node_host=True, device_copies=None):
     """CGDP's multi-node optimizer: ChainerMN's call, one process per device.
 
     A ChainerMN script switches by the module of this one call
@@ -94,6 +95,8 @@ def create_multi_node_optimizer(actual_optimizer, communicator,
             (one master, its state and the gradient slots in shared memory,
             each rank updating its part of every chunk) where the optimizer
             allows it; False: every rank keeps a host of its own.
+        device_copies (callable or None): Tests: ``device_copies(device)``
+            stands in for CuPy's copies, the model takes the GPU path.
 
     Returns:
         MultiNodeOptimizer: Use it as the actual optimizer. Where the
@@ -119,7 +122,7 @@ def create_multi_node_optimizer(actual_optimizer, communicator,
     mpi.refuse_bypassed_update(actual_optimizer,
                                'create_multi_node_optimizer')
     options = _Options(chunk_size, chunk_bytes, host_threads, timeline,
-                       node_host)
+                       node_host, device_copies)
     comm = mpi.as_mpi_comm(communicator)
     if not hasattr(comm, 'Get_size'):
         raise ValueError(
@@ -153,7 +156,7 @@ class _Options(object):
     """The CGDP options of a multi-node optimizer, checked when given."""
 
     def __init__(self, chunk_size, chunk_bytes, host_threads, timeline,
-                 node_host=True):
+                 node_host=True, device_copies=None):
         if callable(chunk_size) or isinstance(chunk_size, str):
             raise ValueError(
                 'chunk_size={!r}: the multi-node optimizer takes a layer '
@@ -175,6 +178,10 @@ class _Options(object):
         self.host_threads = host_threads
         self.timeline = timeline
         self.node_host = bool(node_host)
+        if device_copies is not None and not callable(device_copies):
+            raise ValueError('device_copies must be callable as '
+                             'device_copies(device)')
+        self.device_copies = device_copies
 
 
 class MultiNodeOptimizer(object):
@@ -218,7 +225,7 @@ class MultiNodeOptimizer(object):
                 they are handed over now.
             args, kwds: For ``lossfun``.
         """
-        target = self.actual_optimizer.target
+        target = self.target
         if self._rank is not None:
             self._rank.check_model()  # before any work
         loss = None
@@ -249,8 +256,18 @@ class MultiNodeOptimizer(object):
             # sequential model's backward order). What leaves when is then
             # only the host's pipelining order; the result is the same.
             order = readiness.BackwardReport(tuple(reversed(names)), ())
-        rank = _RankTraining(actual, self.communicator, self._options, order)
+        replica = _device_replica(actual, self._options)
+        rank = _RankTraining(actual, self.communicator, self._options, order,
+                             replica)
         super(MultiNodeOptimizer, self).__setattr__('_rank', rank)
+
+    @property
+    def target(self):
+        """The user's model (for a model on a GPU, the actual optimizer
+        runs on its host shadow from the first update on)."""
+        if self._rank is not None and self._rank.replica is not None:
+            return self._rank.replica.model
+        return self.actual_optimizer.target
 
     def serialize(self, serializer):
         """Saves or loads the actual optimizer's state; after loading, the
@@ -304,13 +321,22 @@ class _RankTraining(object):
         communicator: The ranks' communicator.
         options (_Options): The CGDP options.
         order (BackwardReport): The first backward's ready order.
+        replica (_DeviceModel or None): The user's model on its device,
+            whose host shadow is ``optimizer.target``; None: the target is
+            the user's model, in host memory.
     """
 
-    def __init__(self, optimizer, communicator, options, order):
+    def __init__(self, optimizer, communicator, options, order,
+                 replica=None):
         from cgdp_chainer import mpi
         model = optimizer.target
         _refuse_device_arrays(model)
         self.optimizer = optimizer
+        self.replica = replica
+        user_model = model if replica is None else replica.model
+        # The weights the script wrote into a device model are taken into
+        # the master at the next update (after a load, say).
+        self._pull_all = False
         self.timeline = options.timeline
         comm = mpi.as_mpi_comm(communicator)
         mpi.check_consistency(comm, model, optimizer)
@@ -336,8 +362,11 @@ class _RankTraining(object):
             self._build_own_host(options)
         else:
             self._build_node_host(group, options)
-        self.structure = master_module.MasterStructure(model)
-        self.backward = readiness.ReadinessBackward(model.namedparams())
+        if replica is not None:
+            # Every rank's device model starts from rank 0's weights.
+            self.port.publish_weights(self.chunk_names)
+        self.structure = master_module.MasterStructure(user_model)
+        self.backward = readiness.ReadinessBackward(user_model.namedparams())
         self.iteration = 0
         self._lock = threading.Lock()
         self._closed = False
@@ -349,9 +378,18 @@ class _RankTraining(object):
         """A host of this rank's own: the whole of every chunk, after its
         sum over the ranks."""
         model = self.optimizer.target
-        self.master = _flat_master(model, self.plan)
-        self.port = transfer_module.HostResidentTransfer(
-            self.master, dict(model.namedparams()))
+        replica = self.replica
+        if replica is None:
+            self.master = _flat_master(model, self.plan)
+            self.port = transfer_module.HostResidentTransfer(
+                self.master, dict(model.namedparams()))
+        else:
+            self.master = _flat_master(
+                model, self.plan, device_replica.pinned_master_buffer(
+                    _plan_layout(model, self.plan).capacity,
+                    replica.device_copies))
+            self.port = replica.port(self.master.layout, self.master.buffer,
+                                     None, model)
         self.accumulator = accumulator_module.HostAccumulator(
             self.optimizer, [self.port], self.chunk_names, 'mean',
             self.failures, self.master, n_threads=options.host_threads,
@@ -375,8 +413,14 @@ class _RankTraining(object):
         if not first:
             self.master = buffers.FlatMaster.attached(ordered, layout,
                                                       memory.master)
-        self.port = transfer_module.HostResidentTransfer(
-            self.master, params, slot_buffer=memory.slots[group.local_rank])
+        if self.replica is None:
+            self.port = transfer_module.HostResidentTransfer(
+                self.master, params,
+                slot_buffer=memory.slots[group.local_rank])
+        else:
+            self.port = self.replica.port(
+                layout, memory.master, memory.slots[group.local_rank], model,
+                shared_regions=[memory.arena.as_bytes()])
         # The start-up's all-reducer is done; across nodes, each rank sums
         # its own part with the ranks of its local rank elsewhere.
         self.allreducer.close()
@@ -395,8 +439,17 @@ class _RankTraining(object):
         """Anything may have run since the last update: a changed
         structure is refused by name, a replaced array copied into the
         flat buffer."""
-        self.structure.check(self.optimizer.target)
-        self.master.sync(list(self.master.master_params))
+        if self.replica is None:
+            self.structure.check(self.optimizer.target)
+            self.master.sync(list(self.master.master_params))
+            return
+        self.structure.check(self.replica.model)
+        replaced = self.port.check_arrays()
+        if self._pull_all:
+            replaced = list(self.master.master_params)
+            self._pull_all = False
+        if replaced:
+            self.port.pull(replaced)
 
     def step(self, loss):
         """One update: hands the chunks over during the backward of
@@ -425,6 +478,8 @@ class _RankTraining(object):
         if self.failures.failed:
             self.close()
             raise self.failures.error
+        if self.replica is not None:
+            self.port.finish(self.chunk_names, publish=self.node is not None)
         if timeline is not None:
             timeline.end_iteration(self.iteration, start, timeline.now())
 
@@ -458,6 +513,9 @@ class _RankTraining(object):
         buffer takes the loaded arrays, the fused runs form anew."""
         self.master.sync(list(self.master.master_params))
         self.accumulator.forget_programs()
+        # A device model's weights may have been loaded too (in either
+        # order): the next update takes them into the master.
+        self._pull_all = self.replica is not None
 
     def close(self):
         with self._lock:
@@ -481,6 +539,61 @@ class _RankTraining(object):
 
 
 def _refuse_device_arrays(model):
+    _refuse_uninitialized(model)
+    for name, param in model.namedparams():
+        if not isinstance(param.array, numpy.ndarray):
+            raise ValueError(
+                'parameter {} is a {} array: the multi-node optimizer '
+                'trains models in host memory (\'@numpy\') or on a CuPy '
+                'GPU (\'@cupy:N\'); move the model with '
+                'model.to_device(...)'.format(
+                    name, type(param.array).__module__.split('.')[0]))
+
+
+class _DeviceModel(object):
+    """The user's model on its device, while the actual optimizer runs
+    on its host shadow.
+
+    Args:
+        model (chainer.Link): The user's model.
+        device (chainer.backend.Device): Its device.
+        device_copies (callable or None): The stand-in of CUDA's copies
+            (tests), or None for CuPy's.
+    """
+
+    def __init__(self, model, device, device_copies):
+        self.model = model
+        self.device = device
+        self.device_copies = device_copies
+
+    def port(self, layout, master_buffer, slot_buffer, shadow,
+             shared_regions=()):
+        """The model's :class:`~cgdp_chainer.runtime.replica.device_replica.
+        DevicePort` over the master's buffer (``shadow``'s parameters are
+        its views)."""
+        with chainer.using_device(self.device):
+            return device_replica.build_port(
+                layout, master_buffer, slot_buffer,
+                dict(shadow.namedparams()), dict(self.model.namedparams()),
+                self.device, self.device_copies, shared_regions)
+
+
+def _device_replica(actual, options):
+    """For a model on a GPU (or any model, given the stand-in of CUDA's
+    copies): points the actual optimizer at a host shadow of the model and
+    returns the :class:`_DeviceModel`; None for a host model."""
+    model = actual.target
+    _refuse_uninitialized(model)
+    device = device_replica.model_device(model, options.device_copies)
+    if device is None:
+        return None
+    # The update rules (hyperparameters, hooks, state) go with the shadow,
+    # so the actual optimizer's state serializes under the model's paths.
+    actual.target = device_replica.host_shadow(model)
+    return _DeviceModel(model, device, options.device_copies)
+
+
+def _refuse_uninitialized(model):
     for name, param in model.namedparams():
         if param.array is None:
             raise ValueError(
@@ -488,13 +601,6 @@ def _refuse_device_arrays(model):
                 'CGDP lays every parameter out in one flat buffer then: '
                 'run a forward that uses it (or give its link an input '
                 'size) first'.format(name))
-        if not isinstance(param.array, numpy.ndarray):
-            raise ValueError(
-                'parameter {} is a {} array: the multi-node optimizer '
-                'trains models in host memory (\'@numpy\') for now; for '
-                'GPUs use CGDPUpdater with devices=[...] or ChainerMN\'s '
-                'own create_multi_node_optimizer'.format(
-                    name, type(param.array).__module__.split('.')[0]))
 
 
 def _plan_layout(model, plan):
@@ -505,14 +611,15 @@ def _plan_layout(model, plan):
         {name: params[name].array for name in buffers.layer_order(plan)})
 
 
-def _flat_master(model, plan):
-    """The model's parameters as views of one flat host buffer, laid out
-    by :func:`_plan_layout`."""
+def _flat_master(model, plan, buffer=None):
+    """The model's parameters as views of one flat host buffer (default:
+    a new one), laid out by :func:`_plan_layout`."""
     params = dict(model.namedparams())
     layout = _plan_layout(model, plan)
     ordered = {name: params[name] for name in layout.names}
-    return buffers.FlatMaster(ordered, layout,
-                              buffers.host_buffer(layout.capacity))
+    if buffer is None:
+        buffer = buffers.host_buffer(layout.capacity)
+    return buffers.FlatMaster(ordered, layout, buffer)
 
 
 def _shared_node(comm, optimizer, options, allreducer):

@@ -23,10 +23,12 @@ import functools
 import importlib
 import json
 import os
+import sys
 
 import _common  # first: it imports cgdp_chainer before Chainer
 from _common import cgdp_mpi
 
+import chainer  # NOQA: E402
 import chainermn  # NOQA: E402
 import numpy  # NOQA: E402
 
@@ -39,6 +41,23 @@ MODULES = {'chainermn': 'chainermn', 'cgdp': 'cgdp_chainer',
            'cgdp-rank-hosts': 'cgdp_chainer'}
 OPTIONS = {'cgdp-rank-hosts': {'node_host': False}}
 
+# --device: where the models train. 'standin': on '@numpy', but CGDP's runs
+# go through the GPU path of the optimizer form (host shadow, the chunked
+# CUDA transfer, copies) with the CPU stand-in of CuPy's copies
+# (tests/cuda_standin.py); ChainerMN's run is the plain '@numpy' one.
+# 'gpu': every run on the rank's GPU ('@cupy:<intra rank % GPUs>', so two
+# ranks share a machine's only GPU), in the scripts that take it.
+DEVICES = ('numpy', 'standin', 'gpu')
+
+
+def device_of(args, comm):
+    """The Chainer device of this rank's models for ``--device``."""
+    if args.device != 'gpu':
+        return chainer.get_device('@numpy')
+    import cupy
+    return chainer.get_device('@cupy:{}'.format(
+        comm.intra_rank % cupy.cuda.runtime.getDeviceCount()))
+
 # Per rank by design in every script: BatchNormalization's running
 # statistics (each rank normalizes its own batches) and recurrent state.
 PER_RANK = ('persistent/', 'state/')
@@ -50,6 +69,8 @@ def parse_args(description, add_arguments=None, out=True):
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument('--impl', choices=sorted(MODULES), required=True,
                         help='whose create_multi_node_optimizer to call')
+    parser.add_argument('--device', choices=DEVICES, default='numpy',
+                        help='where the models train (see DEVICES)')
     if out:
         parser.add_argument('--out', required=True,
                             help='folder for rank<r>.npz and rank<r>.json')
@@ -58,12 +79,21 @@ def parse_args(description, add_arguments=None, out=True):
     return parser.parse_args()
 
 
-def multi_node_optimizer_factory(impl):
+def multi_node_optimizer_factory(impl, device='numpy'):
     """``chainermn.create_multi_node_optimizer`` or
-    ``cgdp_chainer.create_multi_node_optimizer``: the one switched call."""
+    ``cgdp_chainer.create_multi_node_optimizer``: the one switched call
+    (with the CPU stand-in of the GPU path for CGDP where ``device`` is
+    'standin')."""
     create = getattr(importlib.import_module(MODULES[impl]),
                      'create_multi_node_optimizer')
-    return functools.partial(create, **OPTIONS.get(impl, {}))
+    options = dict(OPTIONS.get(impl, {}))
+    if device == 'standin' and MODULES[impl] == 'cgdp_chainer':
+        tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        if tests not in sys.path:
+            sys.path.insert(0, tests)
+        import cuda_standin
+        options['device_copies'] = cuda_standin.HostDeviceCopies
+    return functools.partial(create, **options)
 
 
 def start():
@@ -80,15 +110,16 @@ def abort_on_exception(comm):
 def model_arrays(name, model):
     """The npz entries of one model: parameters, grads, persistents."""
     arrays = {}
+    host = chainer.backend.CpuDevice().send
     for path, param in sorted(model.namedparams()):
-        arrays['{}{}'.format(name, path)] = param.array
+        arrays['{}{}'.format(name, path)] = host(param.array)
         if param.grad is not None:
-            arrays['grad/{}{}'.format(name, path)] = param.grad
+            arrays['grad/{}{}'.format(name, path)] = host(param.grad)
     for path, link in sorted(model.namedlinks()):
         for persistent in sorted(link._persistent):
             arrays['persistent/{}{}/{}'.format(
                 name, path.rstrip('/'), persistent)] = numpy.asarray(
-                    getattr(link, persistent))
+                    host(getattr(link, persistent)))
     return arrays
 
 

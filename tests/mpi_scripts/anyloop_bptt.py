@@ -156,7 +156,7 @@ def main():
     comm = _anyloop.start()
     with _anyloop.abort_on_exception(comm):
         rnn, model, optimizer, values = train(
-            comm, _anyloop.multi_node_optimizer_factory(args.impl))
+            comm, _anyloop.multi_node_optimizer_factory(args.impl, args.device))
         assert any(abs(norm - GRADCLIP) < 1e-4 * GRADCLIP
                    for norm in values['grad_norm'][1:]), (
             'GradientClipping({}) never acted: gradient norms {}'.format(

@@ -63,7 +63,7 @@ def datasets(comm):
     return train, test
 
 
-def evaluate(model, test_iter):
+def evaluate(model, test_iter, device):
     sum_loss = sum_accuracy = 0
     count = 0
     # Enable evaluation mode.
@@ -71,7 +71,7 @@ def evaluate(model, test_iter):
         # This is optional but can reduce computational overhead.
         with chainer.using_config('enable_backprop', False):
             for batch in test_iter:
-                x, t = convert.concat_examples(batch, -1)
+                x, t = convert.concat_examples(batch, device)
                 loss = model(x, t)
                 sum_loss += float(loss.array) * len(t)
                 sum_accuracy += float(model.accuracy.array) * len(t)
@@ -80,8 +80,9 @@ def evaluate(model, test_iter):
     return sum_loss / count, sum_accuracy / count
 
 
-def train(comm, create_multi_node_optimizer):
+def train(comm, create_multi_node_optimizer, device):
     model = L.Classifier(MLP(N_UNITS, N_CLASSES))
+    model.to_device(device)
     optimizer = create_multi_node_optimizer(
         chainer.optimizers.MomentumSGD(lr=0.1, momentum=0.9), comm)
     optimizer.setup(model)
@@ -100,14 +101,14 @@ def train(comm, create_multi_node_optimizer):
     train_count = sum_accuracy = sum_loss = 0
     while train_iter.epoch < EPOCHS:
         batch = train_iter.next()
-        x, t = convert.concat_examples(batch, -1)
+        x, t = convert.concat_examples(batch, device)
         optimizer.update(model, x, t)
         train_count += len(t)
         sum_loss += float(model.loss.array) * len(t)
         sum_accuracy += float(model.accuracy.array) * len(t)
 
         if train_iter.is_new_epoch:
-            test_loss, test_accuracy = evaluate(model, test_iter)
+            test_loss, test_accuracy = evaluate(model, test_iter, device)
             log.append({'epoch': train_iter.epoch,
                         'main/loss': sum_loss / train_count,
                         'main/accuracy': sum_accuracy / train_count,
@@ -122,7 +123,9 @@ def main():
     comm = _anyloop.start()
     with _anyloop.abort_on_exception(comm):
         model, values = train(
-            comm, _anyloop.multi_node_optimizer_factory(args.impl))
+            comm,
+            _anyloop.multi_node_optimizer_factory(args.impl, args.device),
+            _anyloop.device_of(args, comm))
         _anyloop.write_results(comm, args.out, {'model': model}, values)
         _anyloop.finish(comm, 'anyloop-custom-loop')
 

@@ -188,7 +188,7 @@ def main():
     comm = _anyloop.start()
     with _anyloop.abort_on_exception(comm):
         gen, dis, opt_gen, opt_dis, observed = train(
-            comm, _anyloop.multi_node_optimizer_factory(args.impl),
+            comm, _anyloop.multi_node_optimizer_factory(args.impl, args.device),
             args.out + '/trainer')
         values = {'observed': observed, 'gen_t': opt_gen.t,
                   'dis_t': opt_dis.t}

@@ -35,7 +35,7 @@ def main():
     comm = _anyloop.start()
     with _anyloop.abort_on_exception(comm):
         model = L.Classifier(_common.StagedMLP((6, 16, 16, 3), seed=0))
-        optimizer = _anyloop.multi_node_optimizer_factory(args.impl)(
+        optimizer = _anyloop.multi_node_optimizer_factory(args.impl, args.device)(
             chainer.optimizers.MomentumSGD(lr=0.01), comm)
         optimizer.setup(model)
         train = chainermn.scatter_dataset(

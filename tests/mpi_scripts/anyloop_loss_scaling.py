@@ -64,7 +64,7 @@ def main():
     comm = _anyloop.start()
     with _anyloop.abort_on_exception(comm):
         models, values = train(
-            comm, _anyloop.multi_node_optimizer_factory(args.impl))
+            comm, _anyloop.multi_node_optimizer_factory(args.impl, args.device))
         scales = values['dynamic_scales']
         # The skipped iteration halved the scale, which grows otherwise.
         assert scales[SKIPPED_AT] < scales[SKIPPED_AT - 1], scales

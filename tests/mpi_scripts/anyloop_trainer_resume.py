@@ -136,7 +136,7 @@ def main():
     with _anyloop.abort_on_exception(comm):
         observed = []
         model, optimizer, trainer = build_trainer(
-            comm, _anyloop.multi_node_optimizer_factory(args.impl), args,
+            comm, _anyloop.multi_node_optimizer_factory(args.impl, args.device), args,
             observed)
         if args.resume:
             chainer.serializers.load_npz(own_snapshot(args.resume, comm),

@@ -253,10 +253,22 @@ class NodeAccumulator(accumulator_module.HostAccumulator):
 
     def deliver(self, device_index, chunk, ready):
         """This rank's slot holds the chunk: says so to the node, then
-        updates this rank's part of it once every local rank has."""
+        updates this rank's part of it once every local rank has. A copy
+        still under way (``ready`` of a device model's transfer) is waited
+        for in a host thread first."""
+        if ready is not None:
+            self._pool.submit(self._guarded, self._deliver_copied, chunk,
+                              ready)
+            return
         self.memory.flags[DELIVERED, chunk, self._local_rank] = \
             self._iteration_flag
         self._pool.submit(self._guarded, self._process_part, chunk)
+
+    def _deliver_copied(self, chunk, ready):
+        self.transfers[0].wait_grads(ready)
+        self.memory.flags[DELIVERED, chunk, self._local_rank] = \
+            self._iteration_flag
+        self._process_part(chunk)
 
     def wait(self, poll_seconds=0.05):
         """Blocks until this rank's parts are done and every local rank

@@ -775,7 +775,7 @@ class _WorkerServer(object):
             replica_params = dict(replica.namedparams())
             why = transfer_module.page_lock(
                 [self.master_arena.as_bytes(), self.slot_arena.as_bytes()],
-                _host_register)
+                host_register)
             if why is not None:
                 self.warning = (
                     'CGDP replica {} ({}): the shared memory could not be '
@@ -870,7 +870,7 @@ class _WorkerServer(object):
         self.jobs.put(None)
 
 
-def _host_register(region):
+def host_register(region):
     """Page-locks a shared region in place for CUDA's asynchronous copies.
 
     Raises:
