@@ -441,6 +441,8 @@ class _RankTraining(object):
         flat buffer."""
         if self.replica is None:
             self.structure.check(self.optimizer.target)
+            if self.node is not None:
+                _refuse_replaced_on_node(self.master)
             self.master.sync(list(self.master.master_params))
             return
         self.structure.check(self.replica.model)
@@ -620,6 +622,24 @@ def _flat_master(model, plan, buffer=None):
     if buffer is None:
         buffer = buffers.host_buffer(layout.capacity)
     return buffers.FlatMaster(ordered, layout, buffer)
+
+
+def _refuse_replaced_on_node(master):
+    """Raises ValueError naming a parameter whose array the script replaced
+    where the ranks of a machine share one copy of the weights: each rank
+    would write its own new values over the others', where under ChainerMN
+    each rank's model keeps its own."""
+    replaced = [name for name, param in master.master_params.items()
+                if param.array is not master.arrays[name]]
+    if replaced:
+        raise ValueError(
+            'the array of parameter {} was replaced since the last update, '
+            'but the ranks of this machine share one copy of the weights '
+            '(node_host=True), so one rank\'s new values would be every '
+            'rank\'s: write the same values in place on every rank (as '
+            'load_npz does), or give create_multi_node_optimizer('
+            '..., node_host=False), where each rank keeps its own'.format(
+                ', '.join(replaced)))
 
 
 def _shared_node(comm, optimizer, options, allreducer):

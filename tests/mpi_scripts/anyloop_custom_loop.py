@@ -10,7 +10,9 @@ wrapped by ``create_multi_node_optimizer`` with a WeightDecay hook, data
 made on rank 0 and split by ``chainermn.scatter_dataset``, and the
 example's loop: ``optimizer.update(model, x, t)`` per batch, the loss and
 accuracy summed per epoch, and an evaluation on the rank's test shard at
-the end of each epoch.
+the end of each epoch. After each update the script clips the weights in
+place (as a WGAN's critic does): an edit between updates that the next
+one must start from.
 
 The ranks seed their initializers differently, so the lazy parameters
 (created by the first forward, inside the first ``update()``) differ
@@ -33,6 +35,7 @@ N_FEATURES, N_UNITS, N_CLASSES = 6, 8, 3
 N_TRAIN, N_TEST = 48, 16
 BATCHSIZE = 8
 EPOCHS = 2
+CLIP = 0.4  # acts on some of the weights
 
 
 class MLP(chainer.Chain):
@@ -103,6 +106,9 @@ def train(comm, create_multi_node_optimizer, device):
         batch = train_iter.next()
         x, t = convert.concat_examples(batch, device)
         optimizer.update(model, x, t)
+        for param in model.params():
+            xp = chainer.backend.get_array_module(param.array)
+            xp.clip(param.array, -CLIP, CLIP, out=param.array)
         train_count += len(t)
         sum_loss += float(model.loss.array) * len(t)
         sum_accuracy += float(model.accuracy.array) * len(t)

@@ -142,6 +142,29 @@ def check_structure_change(model, optimizer, lines):
         layer.W.array = original
 
 
+def check_replaced_array_on_a_node_host(comm, lines):
+    """A replaced array is refused where the ranks share one host (each
+    rank's new values would overwrite the others'), and taken where each
+    rank keeps its own."""
+    for options, refused in (({}, True), ({'node_host': False}, False)):
+        model = make_model()
+        optimizer = cgdp_chainer.create_multi_node_optimizer(
+            chainer.optimizers.MomentumSGD(0.1), comm, **options)
+        optimizer.setup(model)
+        optimizer.update(model, *batch(comm.rank, 0))
+        weight = model.predictor[0].W
+        weight.array = weight.array * 0.5
+        try:
+            optimizer.update(model, *batch(comm.rank, 1))
+        except ValueError as error:
+            assert refused and 'node_host=False' in str(error), str(error)
+        else:
+            assert not refused, 'a replaced array on a node host was taken'
+        optimizer.close()
+    lines.append('a replaced array refused on a node host, taken by a '
+                 'host per rank')
+
+
 def check_differing_models(comm, lines):
     model = make_model()
     if comm.rank == 1:
@@ -166,6 +189,7 @@ def main():
         optimizer.close()
         check_differing_models(comm, lines)
         check_host_kinds(comm, lines)
+        check_replaced_array_on_a_node_host(comm, lines)
     _common.report_ok(comm, 'optimizer-overlap', lines)
 
 

@@ -150,6 +150,14 @@ class DevicePort(object):
         # put there by the script.
         self._bound = {name: param.array
                        for name, param in self.device_params.items()}
+        # The device buffer's bytes as the last update left them: what the
+        # script wrote in place since (a WGAN's clipping, say) must reach
+        # the master before the next update, as it does for a host model.
+        with transfer.copies.device_scope():
+            self._published = transfer.copies.device_buffer(
+                layout.capacity)
+        self._views = layout.views(transfer.param_buffer)
+        self._published_views = layout.views(self._published)
         # publish() comes from the host's threads, a chunk each.
         self._lock = threading.Lock()
         self._returned = set()
@@ -217,13 +225,16 @@ class DevicePort(object):
         # model (not only a forward's) must see the new values.
         for chunk in range(n_chunks):
             self.transfer.wait_params(chunk)
+        # On the caller's stream, after the copies it now waits for.
+        self._published[...] = self.transfer.param_buffer
 
     def check_arrays(self):
         """What the script did to the model's arrays since the last update.
 
         Returns:
             list of str: Parameters whose array was replaced on the same
-            device (their values must reach the master).
+            device, or whose values were written in place (their values
+            must reach the master).
 
         Raises:
             ValueError: A parameter moved to another device, with the fix.
@@ -245,15 +256,31 @@ class DevicePort(object):
                     'for the model on its new device'.format(
                         name, device, moved, device, device))
             replaced.append(name)
-        return replaced
+        return replaced + self._written_in_place(set(replaced))
+
+    def _written_in_place(self, replaced):
+        """The parameters whose bytes differ from what the last update
+        left (one comparison over the whole buffer where none does)."""
+        xp = chainer.backend.get_array_module(self._published)
+        if not bool(xp.any(self._published != self.transfer.param_buffer)):
+            return []
+        return [name for name, view in self._views.items()
+                if name not in replaced and
+                bool(xp.any(view != self._published_views[name]))]
 
     def pull(self, names):
         """Copies the model's current values of ``names`` into the host
-        master (weights the script wrote or loaded into the model)."""
+        master (weights the script wrote or loaded into the model); a
+        replaced array's values go into the device buffer, whose view the
+        parameter is again, so the next updates reach it."""
         cpu = chainer.backend.CpuDevice()
         for name in names:
-            numpy.copyto(self.host_params[name].array,
-                         cpu.send(self.device_params[name].array))
+            param = self.device_params[name]
+            numpy.copyto(self.host_params[name].array, cpu.send(param.array))
+            view = self._bound[name]
+            if param.array is not view:
+                view[...] = param.array
+                param.array = view
 
     def close(self):
         self.transfer.close()
