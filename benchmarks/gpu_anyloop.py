@@ -48,6 +48,7 @@ import models  # NOQA: before Chainer, so cgdp_chainer._compat runs first
 import argparse
 import collections
 import copy
+import importlib.util
 import json
 import os
 import statistics
@@ -345,9 +346,18 @@ def parse_args(argv=None):
     return args
 
 
+class BenchmarkFailed(RuntimeError):
+    """A part cannot run or its MPI job failed (the message says why)."""
+
+
 def naive_communicator():
     """ChainerMN's naive communicator over ``COMM_WORLD`` (MPI started
     with thread support; a singleton where no launcher started us)."""
+    if importlib.util.find_spec('mpi4py') is None:
+        raise BenchmarkFailed(
+            'mpi4py is not installed: the chainermn and cgdp runs need an '
+            'MPI communicator (pip install -e .[mpi], or mpi4py against the '
+            "machine's MPI)")
     MPI = cgdp_mpi.init_mpi()
     import chainermn
     return chainermn.create_communicator('naive', MPI.COMM_WORLD)
@@ -383,16 +393,12 @@ def rank_job_environment():
     return env
 
 
-class RankJobFailed(RuntimeError):
-    """A --ranks job exited with an error (its ranks said why)."""
-
-
 def run_rank_job(command):
     """Runs one --ranks job, passing its output on; returns the rows that
     rank 0 printed.
 
     Raises:
-        RankJobFailed: The job failed (its output above says why).
+        BenchmarkFailed: The job failed (its output above says why).
     """
     process = subprocess.Popen(command, cwd=REPO_ROOT,
                                env=rank_job_environment(),
@@ -406,7 +412,7 @@ def run_rank_job(command):
                 sys.stdout.write(line)
     status = process.wait()
     if status != 0:
-        raise RankJobFailed('the {}-rank job exited with status {}'.format(
+        raise BenchmarkFailed('the {}-rank job exited with status {}'.format(
             command[4], status))
     return rows
 
@@ -539,6 +545,6 @@ def main(argv=None):
 if __name__ == '__main__':
     try:
         main()
-    except RankJobFailed as error:  # its ranks' tracebacks are above
+    except BenchmarkFailed as error:  # a job's tracebacks are above it
         sys.stderr.write('error: {}\n'.format(error))
         sys.exit(1)
