@@ -132,6 +132,8 @@ class LoopRun(object):
 
     def _update(self):
         self.optimizer.update(self.model, *self.batch)
+        # GPU only (CuPy 14's cupy.cuda.Device.synchronize; untested
+        # here): the clock covers the kernels, not only their launch.
         weak_scaling.synchronize(self.gpus)
 
     def start(self):
