@@ -136,6 +136,8 @@ cat "$WORK/gpu_benchmark.txt"
     grep -v '^  (' "$WORK/gpu_benchmark.txt"
 } >> "$WORK/summary.txt"
 
+timeout 150 "$PYTHON" -m benchmarks.gpu_anyloop --out "$WORK/gpu_anyloop" > "$WORK/gpu_anyloop.txt" 2>&1; anyloop=$?; worst $anyloop; cat "$WORK/gpu_anyloop.txt"; { echo "gpu anyloop benchmark: exit $anyloop"; grep -v '^  (' "$WORK/gpu_anyloop.txt"; } >> "$WORK/summary.txt"  # 3b. the optimizer form (benchmarks.gpu_anyloop), 150 s
+
 # 4. weak scaling on GPUs -----------------------------------------------------
 gpus=$("$PYTHON" -c 'from cgdp_chainer import devices; print(devices.gpu_count())')
 counts=1
