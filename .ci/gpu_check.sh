@@ -12,13 +12,16 @@
 # 1. preflight (about 30 s): the stack (nvidia-smi's driver and compute
 #    mode, /dev/shm, CuPy's and NCCL's versions, cuDNN on or off); exits 1,
 #    naming what is missing, unless Chainer sees CuPy and at least one GPU;
-# 2. the tests marked gpu (200 s), their output kept in gpu_tests.txt;
-# 3. the GPU benchmark with the cost model's check (280 s; python -m
+# 2. the tests marked gpu (170 s), their output kept in gpu_tests.txt;
+# 3. the GPU benchmark with the cost model's check (220 s; python -m
 #    benchmarks.gpu, defaults: the four networks at 224 px, batch 64 and
 #    16, StandardUpdater, CGDP with processes and threads and the limit,
 #    then the per-layer profile and the predictions), its output in
-#    gpu_benchmark.txt and its CSV and JSON in gpu_benchmark/;
-# 4. a short weak-scaling run of AlexNet at 224 px on GPUs (60 s;
+#    gpu_benchmark.txt and its CSV and JSON in gpu_benchmark/; then the
+#    optimizer form's benchmark (110 s; python -m benchmarks.gpu_anyloop
+#    at batch 64: the plain loop, ChainerMN's optimizer, CGDP's and the
+#    limit), in gpu_anyloop.txt and gpu_anyloop/;
+# 4. a short weak-scaling run of AlexNet at 224 px on GPUs (40 s;
 #    --device-kind gpu: no CPU fallback), with CGDP's timeline and trace:
 #    the experiment's pipeline on a GPU (the benchmark has the figures).
 # Everything goes into ONE archive directly under $OUT, gpu_check.tar.gz,
@@ -115,7 +118,7 @@ if [ $preflight -ne 0 ]; then
 fi
 
 # 2. the gpu tests ------------------------------------------------------------
-timeout 200 "$PYTHON" -m pytest -q -rA -m gpu -p no:cacheprovider tests \
+timeout 170 "$PYTHON" -m pytest -q -rA -m gpu -p no:cacheprovider tests \
     > "$WORK/gpu_tests.txt" 2>&1
 tests=$?
 worst $tests
@@ -126,7 +129,7 @@ tail -n 25 "$WORK/gpu_tests.txt"
 } >> "$WORK/summary.txt"
 
 # 3. the GPU benchmark and the cost model's check -------------------------------
-timeout 280 "$PYTHON" -m benchmarks.gpu --out "$WORK/gpu_benchmark" \
+timeout 220 "$PYTHON" -m benchmarks.gpu --out "$WORK/gpu_benchmark" \
     > "$WORK/gpu_benchmark.txt" 2>&1
 benchmark=$?
 worst $benchmark
@@ -136,13 +139,21 @@ cat "$WORK/gpu_benchmark.txt"
     grep -v '^  (' "$WORK/gpu_benchmark.txt"
 } >> "$WORK/summary.txt"
 
-timeout 150 "$PYTHON" -m benchmarks.gpu_anyloop --out "$WORK/gpu_anyloop" > "$WORK/gpu_anyloop.txt" 2>&1; anyloop=$?; worst $anyloop; cat "$WORK/gpu_anyloop.txt"; { echo "gpu anyloop benchmark: exit $anyloop"; grep -v '^  (' "$WORK/gpu_anyloop.txt"; } >> "$WORK/summary.txt"  # 3b. the optimizer form (benchmarks.gpu_anyloop), 150 s
+timeout 110 "$PYTHON" -m benchmarks.gpu_anyloop --batches 64 \
+    --out "$WORK/gpu_anyloop" > "$WORK/gpu_anyloop.txt" 2>&1
+anyloop=$?
+worst $anyloop
+cat "$WORK/gpu_anyloop.txt"
+{
+    echo "gpu anyloop benchmark: exit $anyloop"
+    grep -v '^  (' "$WORK/gpu_anyloop.txt"
+} >> "$WORK/summary.txt"
 
 # 4. weak scaling on GPUs -----------------------------------------------------
 gpus=$("$PYTHON" -c 'from cgdp_chainer import devices; print(devices.gpu_count())')
 counts=1
 [ "$gpus" -ge 2 ] && counts=1,2
-timeout 60 "$PYTHON" -m experiments.weak_scaling --net alexnet --device-kind gpu \
+timeout 40 "$PYTHON" -m experiments.weak_scaling --net alexnet --device-kind gpu \
     --devices $counts --image-size 224 --batch 16 --iterations 2 --warmup 1 \
     --no-model --out "$WORK/results" > "$WORK/weak_scaling.txt" 2>&1
 scaling=$?
