@@ -394,21 +394,23 @@ def net_list(text):
     return [cli.net_spec(item) for item in items]
 
 
-def build_parser():
-    """The command line's parser."""
-    parser = cli.ArgumentParser(prog='python -m benchmarks.gpu',
-                                description=__doc__.splitlines()[0])
+def add_sizes_and_rounds(parser, cpu_words='for the CPU stand-in',
+                         batch_words=''):
+    """The options that every GPU benchmark shares: what to measure (the
+    networks, batches, image size, device) and how (iterations, warm-up,
+    rounds)."""
     parser.add_argument('--nets', type=net_list, default=list(
         models.NETWORKS), help="'all' (default) or comma-separated "
         'networks (names, or module:callable)')
     parser.add_argument('--batches', type=batch_list,
                         default=list(DEFAULT_BATCHES),
-                        help='comma-separated batch sizes (default 64,16)')
+                        help='comma-separated batch sizes{} (default '
+                        '64,16)'.format(batch_words))
     parser.add_argument('--image-size', type=cli.positive_int, default=224)
     parser.add_argument('--device', type=cli.single_device,
                         default='@cupy:0',
                         help="'@cupy:N' (default @cupy:0), or '@numpy' "
-                             'for the CPU stand-in')
+                             + cpu_words)
     parser.add_argument('--iterations', type=cli.positive_int,
                         default=DEFAULT_ITERATIONS,
                         help='measured iterations per run and round')
@@ -417,6 +419,13 @@ def build_parser():
                         help='untimed iterations per run and round')
     parser.add_argument('--rounds', type=cli.positive_int,
                         default=DEFAULT_ROUNDS)
+
+
+def build_parser():
+    """The command line's parser."""
+    parser = cli.ArgumentParser(prog='python -m benchmarks.gpu',
+                                description=__doc__.splitlines()[0])
+    add_sizes_and_rounds(parser)
     parser.add_argument('--no-model', action='store_true',
                         help='leave out the cost model\'s check')
     parser.add_argument('--profile-reps', type=cli.positive_int,
@@ -427,10 +436,11 @@ def build_parser():
     return parser
 
 
-def parse_args(argv=None):
+def parse_args(argv=None, parser=None):
     """Parses and checks every option before anything is built; exits
-    with 2 on bad input."""
-    args = build_parser().parse_args(argv)
+    with 2 on bad input (``parser``: another benchmark's, with this one's
+    shared options)."""
+    args = (parser or build_parser()).parse_args(argv)
     args.device = args.device[0]
     for net in args.nets:
         cli.check_net(net, N_CLASSES, args.image_size)

@@ -84,9 +84,6 @@ N_CLASSES = gpu.N_CLASSES
 # Sized so that the four networks at batch 64 and 16 (about 35 updates
 # per network and batch at 64: VGG-16 ~0.37 s, ResNet-152 ~0.64 s each on
 # an H200), with the start-ups, finish within 4 minutes.
-DEFAULT_ITERATIONS = 4
-DEFAULT_WARMUP = 1
-DEFAULT_ROUNDS = 2
 CSV_FILE = 'gpu_anyloop.csv'
 RANKS_CSV_FILE = 'gpu_anyloop_ranks.csv'
 JSON_FILE = 'gpu_anyloop.json'
@@ -304,26 +301,8 @@ def build_parser():
     """The command line's parser."""
     parser = cli.ArgumentParser(prog='python -m benchmarks.gpu_anyloop',
                                 description=__doc__.splitlines()[0])
-    parser.add_argument('--nets', type=gpu.net_list, default=list(
-        models.NETWORKS), help="'all' (default) or comma-separated "
-        'networks (names, or module:callable)')
-    parser.add_argument('--batches', type=gpu.batch_list,
-                        default=list(gpu.DEFAULT_BATCHES),
-                        help='comma-separated batch sizes per rank '
-                             '(default 64,16)')
-    parser.add_argument('--image-size', type=cli.positive_int, default=224)
-    parser.add_argument('--device', type=cli.single_device,
-                        default='@cupy:0',
-                        help="'@cupy:N' (default @cupy:0), or '@numpy' "
-                             'for the CPU')
-    parser.add_argument('--iterations', type=cli.positive_int,
-                        default=DEFAULT_ITERATIONS,
-                        help='measured iterations per run and round')
-    parser.add_argument('--warmup', type=cli.non_negative_int,
-                        default=DEFAULT_WARMUP,
-                        help='untimed iterations per run and round')
-    parser.add_argument('--rounds', type=cli.positive_int,
-                        default=DEFAULT_ROUNDS)
+    gpu.add_sizes_and_rounds(parser, cpu_words='for the CPU',
+                             batch_words=' per rank')
     parser.add_argument('--ranks', type=rank_counts, default=[1],
                         help='comma-separated: 1 (default) for one rank '
                              'in this process, N >= 2 for an MPI job of N '
@@ -339,13 +318,7 @@ def build_parser():
 def parse_args(argv=None):
     """Parses and checks every option before anything is built; exits
     with 2 on bad input."""
-    args = build_parser().parse_args(argv)
-    args.device = args.device[0]
-    for net in args.nets:
-        cli.check_net(net, N_CLASSES, args.image_size)
-    if args.out is not None:
-        cli.check_output_folder('--out', args.out)
-    return args
+    return gpu.parse_args(argv, build_parser())
 
 
 class BenchmarkFailed(RuntimeError):

@@ -14,6 +14,7 @@ import pytest
 
 from benchmarks import gpu_anyloop
 from test_mpi import mpiexec  # NOQA: F401  (the fixture)
+from cli_checks import assert_usage_error
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NET = 'models.examples:tiny'
@@ -172,9 +173,5 @@ def test_without_mpiexec_the_ranks_part_says_so_and_is_skipped(
 ])
 def test_bad_options_exit_2_with_one_line(args, words):
     job = _benchmark('--device', '@numpy', *args, timeout=120)
-    assert job.returncode == 2, job.stdout + job.stderr
-    assert 'Traceback' not in job.stderr
-    lines = job.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith('error: '), job.stderr
-    assert words in lines[0], lines[0]
+    assert_usage_error(job, words)
     assert job.stdout == ''

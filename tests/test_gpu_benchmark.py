@@ -13,6 +13,7 @@ import pytest
 
 from benchmarks import gpu
 from benchmarks import gpu_model
+from cli_checks import assert_usage_error
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NET = 'models.examples:tiny'
@@ -149,9 +150,5 @@ def test_model_predicts_scaling_from_the_measured_link(tiny_run):
 ])
 def test_bad_options_exit_2_with_one_line(args, words):
     job = _benchmark('--device', '@numpy', *args, timeout=120)
-    assert job.returncode == 2, job.stdout + job.stderr
-    assert 'Traceback' not in job.stderr
-    lines = job.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith('error: '), job.stderr
-    assert words in lines[0], lines[0]
+    assert_usage_error(job, words)
     assert job.stdout == ''

@@ -22,6 +22,7 @@ from cgdp_chainer.timeline import EVENT_KINDS
 from cgdp_chainer.timeline import Event
 from experiments import plot
 from experiments import results
+from cli_checks import assert_usage_error
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIGURES = (plot.EFFICIENCY_PNG, plot.THROUGHPUT_PNG, plot.SPEEDUP_PNG,
@@ -60,17 +61,6 @@ def assert_valid_png(path):
         assert image.format == 'PNG'
         width, height = image.size
         assert width > 0 and height > 0
-
-
-def assert_usage_error(completed, *fragments):
-    """Exit status 2, one ``error:`` line on stderr, no traceback."""
-    assert completed.returncode == 2, (completed.stdout, completed.stderr)
-    lines = completed.stderr.strip().splitlines()
-    assert len(lines) == 1, completed.stderr
-    assert lines[0].startswith('error: '), completed.stderr
-    assert 'Traceback' not in completed.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
 
 
 @pytest.fixture(scope='module')
