@@ -191,11 +191,11 @@ def test_a_model_from_models_package():
     # worker processes alike.
     with chainer.using_config('train', False):
         expected = train(copy.deepcopy(base), 'momentum', standard, batch=4,
-                         data=data)
+                         data=data, iterations=2)
         for workers in WORKERS:
             actual = train(copy.deepcopy(base), 'momentum',
                            cgdp(2, chunk_size=3, workers=workers),
-                           batch=4, data=data)
+                           batch=4, data=data, iterations=2)
             assert_same_params(expected, actual, rtol=1e-4, atol=1e-5)
 
 
