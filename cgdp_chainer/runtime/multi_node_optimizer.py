@@ -629,8 +629,7 @@ def _refuse_replaced_on_node(master):
     where the ranks of a machine share one copy of the weights: each rank
     would write its own new values over the others', where under ChainerMN
     each rank's model keeps its own."""
-    replaced = [name for name, param in master.master_params.items()
-                if param.array is not master.arrays[name]]
+    replaced = master.replaced(list(master.master_params))
     if replaced:
         raise ValueError(
             'the array of parameter {} was replaced since the last update, '

@@ -244,16 +244,20 @@ class FlatMaster(object):
         for name, param in self.master_params.items():
             param.array = self.arrays[name]
 
+    def replaced(self, names):
+        """The parameters of ``names`` whose arrays are no longer the
+        buffer's views (user code assigned ``param.array``)."""
+        return [name for name in names
+                if self.master_params[name].array is not self.arrays[name]]
+
     def sync(self, names):
         """Copies into the buffer the parameters of ``names`` whose arrays
         were replaced, and makes them views again."""
-        arrays = self.arrays
-        for name in names:
+        for name in self.replaced(names):
             param = self.master_params[name]
-            shared = arrays[name]
-            if param.array is not shared:
-                shared[...] = param.array
-                param.array = shared
+            shared = self.arrays[name]
+            shared[...] = param.array
+            param.array = shared
 
     def relayout(self, layout):
         """Moves every parameter to its place in ``layout``, in the same
