@@ -433,7 +433,8 @@ class _RankTraining(object):
         self.accumulator = node_host.NodeAccumulator(
             self.optimizer, self.port, self.chunk_names, self.failures,
             self.master, memory, allreducer=self.allreducer,
-            n_threads=threads, timeline=self.timeline)
+            n_threads=threads, timeline=self.timeline,
+            to_device=self.replica is not None)
 
     def check_model(self):
         """Anything may have run since the last update: a changed
@@ -481,7 +482,7 @@ class _RankTraining(object):
             self.close()
             raise self.failures.error
         if self.replica is not None:
-            self.port.finish(self.chunk_names, publish=self.node is not None)
+            self.port.finish(len(self.chunk_names))
         if timeline is not None:
             timeline.end_iteration(self.iteration, start, timeline.now())
 

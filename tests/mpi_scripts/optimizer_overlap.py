@@ -15,7 +15,13 @@ Run: mpiexec -n 2 python tests/mpi_scripts/optimizer_overlap.py
 * The two ranks (one machine) share one host for MomentumSGD, keep a host
   each with ``node_host=False`` or with GradientClipping (which needs the
   whole gradient), and all three end with the same weights.
+* A model trained through the GPU path (the CPU stand-in of CuPy's
+  copies, tests/cuda_standin.py) on the shared node host: a chunk's new
+  weights start to the device (the node's ``h2d`` on the timeline) before
+  the backward reaches the input-side layer.
 """
+import os
+import sys
 import time
 
 import _common  # first: it imports cgdp_chainer, whose compat module
@@ -55,6 +61,33 @@ class WaitForOutputLayer(chainer.FunctionHook):
                 return
             time.sleep(0.005)
         self.seen_changed = False
+
+
+class WaitForPublish(chainer.FunctionHook):
+    """Before the input-side layer's backward, waits until the timeline
+    shows a chunk of this iteration sent to the device (at most
+    WAIT_SECONDS) and records whether it did."""
+
+    name = 'WaitForPublish'
+
+    def __init__(self, model, timeline, iteration):
+        self.input_weight = model.predictor[0].W
+        self.timeline = timeline
+        self.iteration = iteration
+        self.seen_published = None
+
+    def backward_preprocess(self, function, in_data, out_grad):
+        if not any(node is self.input_weight.node
+                   for node in function.inputs):
+            return
+        deadline = time.monotonic() + WAIT_SECONDS
+        while time.monotonic() < deadline:
+            if any(event.kind == 'h2d' for event in
+                   self.timeline.events_of(self.iteration)):
+                self.seen_published = True
+                return
+            time.sleep(0.005)
+        self.seen_published = False
 
 
 def make_model(seed=0):
@@ -97,6 +130,33 @@ def check_overlap(comm, lines):
     assert not [e for e in timeline.events_of(2) if e.kind == 'backward']
     lines.append('handed over at update() after a user backward')
     return model, optimizer
+
+
+def check_device_overlap(comm, lines):
+    """Through the GPU path on the node's shared host, the chunks the
+    backward has handed over go back to the device during it."""
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    import cuda_standin
+    timeline = cgdp_chainer.Timeline()
+    optimizer = cgdp_chainer.create_multi_node_optimizer(
+        chainer.optimizers.SGD(0.1), comm, chunk_size=1, timeline=timeline,
+        device_copies=cuda_standin.HostDeviceCopies)
+    model = make_model()
+    optimizer.setup(model)
+    optimizer.update(model, *batch(comm.rank, 0))  # broadcasts, no step
+    assert optimizer.shares_node_host
+    hook = WaitForPublish(model, timeline, 1)
+    with hook:
+        optimizer.update(model, *batch(comm.rank, 1))
+    assert hook.seen_published is True, hook.seen_published
+    published = [e for e in timeline.events_of(1) if e.kind == 'h2d']
+    assert sorted(e.chunk for e in published) == list(range(N_LAYERS)), \
+        published
+    optimizer.close()
+    lines.append('a device model\'s chunks published during the backward '
+                 'on a node host')
 
 
 def check_host_kinds(comm, lines):
@@ -188,6 +248,7 @@ def main():
         check_structure_change(model, optimizer, lines)
         optimizer.close()
         check_differing_models(comm, lines)
+        check_device_overlap(comm, lines)
         check_host_kinds(comm, lines)
         check_replaced_array_on_a_node_host(comm, lines)
     _common.report_ok(comm, 'optimizer-overlap', lines)

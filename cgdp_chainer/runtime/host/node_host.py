@@ -23,7 +23,10 @@ updates it. So the node's cores all work on the host update, and no byte
 is reduced or updated twice on a node. A rank waits for the other local
 ranks' delivered flags of a chunk before it reduces it, and, at the end of
 ``update()``, for every published flag, so that its next forward reads
-the new weights everywhere.
+the new weights everywhere. A model on a GPU reads its weights from its
+device instead: as soon as every local rank has published a chunk, its
+rank's host thread starts the chunk's copy to the device, while the
+backward of earlier layers still runs.
 
 The split needs every parameter to be updated by a fused rule (SGD,
 MomentumSGD, NesterovAG, Adam and its variants, with element-wise hooks):
@@ -222,10 +225,15 @@ class NodeAccumulator(accumulator_module.HostAccumulator):
             there are several nodes.
         n_threads (int or None): Host threads of this rank.
         timeline (Timeline or None): As for ``HostAccumulator``.
+        to_device (bool): The port is a device model's
+            (:class:`~cgdp_chainer.runtime.replica.device_replica.DevicePort`):
+            each chunk, once the node has updated all of it, is published
+            to the device, and counts as done only then.
     """
 
     def __init__(self, optimizer, port, chunk_names, failures, master,
-                 memory, allreducer=None, n_threads=None, timeline=None):
+                 memory, allreducer=None, n_threads=None, timeline=None,
+                 to_device=False):
         super(NodeAccumulator, self).__init__(
             optimizer, [port], chunk_names, 'mean', failures, master,
             n_threads=n_threads, timeline=timeline, allreducer=allreducer,
@@ -237,6 +245,7 @@ class NodeAccumulator(accumulator_module.HostAccumulator):
         self._scale = 1.0 / group.world_size
         self._iteration_flag = 0
         self._parts = {}
+        self._to_device = to_device
 
     def start_iteration(self, iteration, shares, write_grads=True,
                         revalidate=True):
@@ -317,6 +326,20 @@ class NodeAccumulator(accumulator_module.HostAccumulator):
             self._update_part(chunk, program.runs)
         self.memory.flags[PUBLISHED, chunk, self._local_rank] = \
             self._iteration_flag
+        if self._to_device:
+            # A task of its own: a part of an earlier-layer chunk that is
+            # already delivered goes first, while the other ranks finish
+            # theirs of this one.
+            self._pool.submit(self._guarded, self._publish_whole, chunk)
+            return
+        self._finish_one()
+
+    def _publish_whole(self, chunk):
+        """Once every local rank has updated its part of ``chunk``, its
+        new weights (and gradient) start to this rank's device."""
+        self._await_flags(PUBLISHED, chunk)
+        with self._span('h2d', chunk):
+            self.transfers[0].publish(chunk, self.chunk_names[chunk])
         self._finish_one()
 
     def _update_part(self, chunk, runs):

@@ -200,29 +200,27 @@ class DevicePort(object):
             self.transfer.publish(chunk, names)
         self._order_after_copies(len(chunk_names))
 
-    def finish(self, chunk_names, publish):
-        """Ends an ``update()``: the model's ``param.grad`` are the mean
-        gradients on the device, the caller's stream waits for every copy.
+    def finish(self, n_chunks):
+        """Ends an ``update()``, after the host published every chunk: the
+        model's ``param.grad`` are the mean gradients on the device, the
+        caller's stream waits for every copy.
 
         Args:
-            chunk_names (list of list of str): The runtime's chunks.
-            publish (bool): Whether the chunks are still to be sent (a
-                shared node host updates the master without publishing).
+            n_chunks (int): The runtime's chunks.
         """
-        if publish:
-            for chunk, names in enumerate(chunk_names):
-                self.publish(chunk, names)
         # Set here, in the caller's thread: the backward may still have
         # been running while the host published the first chunks.
         for name in self._returned:
             self.device_params[name].grad = self._grad_views[name]
         self._returned = set()
-        self._order_after_copies(len(chunk_names))
+        self._order_after_copies(n_chunks)
 
     def _order_after_copies(self, n_chunks):
-        # A forward's first layer is the last chunk published, so waiting
-        # per chunk in the forward would spare little; every read of the
-        # model (not only a forward's) must see the new values.
+        # Not a wait per layer in the next forward: the chunks' copies run
+        # in order on one copy stream, and the last one published holds
+        # the input side's layers, which that forward runs first, so it
+        # would start no sooner. And every read of the model (an edit, an
+        # evaluator, a save), not only a forward, must see the new values.
         for chunk in range(n_chunks):
             self.transfer.wait_params(chunk)
         # On the caller's stream, after the copies it now waits for.
