@@ -153,7 +153,7 @@ def lstm_state(rnn):
 
 def main():
     args = _anyloop.parse_args(__doc__.splitlines()[0])
-    comm = _anyloop.start()
+    comm = _anyloop.start(args)
     with _anyloop.abort_on_exception(comm):
         rnn, model, optimizer, values = train(
             comm, _anyloop.multi_node_optimizer_factory(args.impl, args.device))

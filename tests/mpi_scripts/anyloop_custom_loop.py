@@ -126,7 +126,7 @@ def train(comm, create_multi_node_optimizer, device):
 
 def main():
     args = _anyloop.parse_args(__doc__.splitlines()[0])
-    comm = _anyloop.start()
+    comm = _anyloop.start(args)
     with _anyloop.abort_on_exception(comm):
         model, values = train(
             comm,

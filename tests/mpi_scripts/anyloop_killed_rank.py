@@ -32,7 +32,7 @@ ITERATIONS = 100000  # far more than rank 0 gets to
 
 def main():
     args = _anyloop.parse_args(__doc__.splitlines()[0], out=False)
-    comm = _anyloop.start()
+    comm = _anyloop.start(args)
     with _anyloop.abort_on_exception(comm):
         model = L.Classifier(_common.StagedMLP((6, 16, 16, 3), seed=0))
         optimizer = _anyloop.multi_node_optimizer_factory(args.impl, args.device)(

@@ -61,7 +61,7 @@ def train(comm, create_multi_node_optimizer):
 
 def main():
     args = _anyloop.parse_args(__doc__.splitlines()[0])
-    comm = _anyloop.start()
+    comm = _anyloop.start(args)
     with _anyloop.abort_on_exception(comm):
         models, values = train(
             comm, _anyloop.multi_node_optimizer_factory(args.impl, args.device))

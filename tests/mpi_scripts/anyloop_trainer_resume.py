@@ -132,7 +132,7 @@ def logged(trainer):
 
 def main():
     args = _anyloop.parse_args(__doc__.splitlines()[0], add_arguments)
-    comm = _anyloop.start()
+    comm = _anyloop.start(args)
     with _anyloop.abort_on_exception(comm):
         observed = []
         model, optimizer, trainer = build_trainer(
