@@ -173,8 +173,9 @@ def write_results(comm, out, models, values, state=None, per_rank=()):
     arrays = {}
     for name, model in sorted(models.items()):
         arrays.update(model_arrays(name, model))
+    host = chainer.backend.CpuDevice().send
     for key, array in sorted((state or {}).items()):
-        arrays['state/' + key] = numpy.asarray(array)
+        arrays['state/' + key] = numpy.asarray(host(array))
     stem = os.path.join(out, 'rank{}'.format(comm.rank))
     with files.atomic_write(stem + '.npz', 'wb') as stream:
         numpy.savez(stream, **arrays)
