@@ -17,6 +17,9 @@ tests/mpi_scripts/_anyloop.py), and the tests check:
 * a resumed Trainer run ends where the uninterrupted one does;
 * a rank killed by SIGKILL ends the job, non-zero, leaving nothing in
   /dev/shm;
+* all of it on GPUs too (``--device gpu``: ChainerMN's run through
+  cgdp_chainer.mpi.host_staged's communicator, whose staging the CPU runs
+  compare with ChainerMN's naive communicator);
 * ``cgdp_chainer.create_multi_node_optimizer`` refuses what it cannot train.
 """
 import json
@@ -31,7 +34,7 @@ import numpy
 import pytest
 
 from test_mpi import JOB_TIMEOUT, REPO_ROOT, SCRIPTS, assert_ok
-from test_mpi import mpi_environment, mpiexec_command, process_tree, run_mpi
+from test_mpi import mpi_environment, mpiexec_command, process_tree, run_job
 # Fixtures: skip where MPI is not installed; remove what killed jobs left.
 from test_mpi import mpiexec, remove_segments_of_killed_jobs  # NOQA: F401
 
@@ -51,6 +54,18 @@ SHAPES = {
 }
 RESUME = ('anyloop_trainer_resume.py', 'anyloop-trainer-resume')
 SNAPSHOT_AT = 3
+
+# A GPU job creates CUDA contexts, and its first run has CuPy compile its
+# kernels (cached on disk for the next): it counts as hung later, and the
+# scripts' hang watchdog (_common.WATCHDOG_SECONDS) waits that long too.
+GPU_JOB_TIMEOUT = 240
+GPU_WATCHDOG = {'CGDP_MPI_WATCHDOG': str(GPU_JOB_TIMEOUT - 15)}
+
+
+def on_gpus(args):
+    """Whether a script's arguments put it on GPUs (``--device gpu``)."""
+    return any(args[index:index + 2] == ('--device', 'gpu')
+               for index in range(len(args)))
 
 
 # -- the runs and what they wrote ---------------------------------------------
@@ -91,8 +106,12 @@ def trained(tmp_path_factory):
         if key not in _RUNS:
             out = str(tmp_path_factory.mktemp('{}-{}-{}'.format(
                 script[:-3], role, IMPLS[role])))
-            job = run_mpi(script, '--impl', IMPLS[role], '--out', out,
-                          *args, timeout=JOB_TIMEOUT)
+            command = mpiexec_command(2, script, '--impl', IMPLS[role],
+                                      '--out', out, *args)
+            if on_gpus(args):
+                job = run_job(command, GPU_JOB_TIMEOUT, GPU_WATCHDOG)
+            else:
+                job = run_job(command, JOB_TIMEOUT)
             assert_ok(job, name)
             _RUNS[key] = Run(IMPLS[role], out)
         return _RUNS[key]
@@ -227,9 +246,10 @@ def test_the_gpu_path_snapshots_and_resumes_as_chainermn_does(
 
 
 # On GPUs: ChainerMN's run and CGDP's of the same script on the same GPUs
-# (two ranks on the one GPU of a machine that has one).
+# (two ranks on the one GPU of a machine that has one); ChainerMN's reduces
+# through the host-staged communicator (the MPI here is not CUDA-aware).
 GPU = ('--device', 'gpu')
-GPU_SHAPES = ('custom_loop',)  # the scripts that take --device gpu
+GPU_SHAPES = tuple(sorted(SHAPES))  # every script takes --device gpu
 
 
 @pytest.mark.mpi
@@ -243,6 +263,31 @@ def test_on_gpus_the_switched_call_trains_what_chainermn_trains(
         assert_ranks_agree(run)
     assert_same_arrays(candidate, reference)
     assert_same_reports(candidate, reference)
+
+
+# -- ChainerMN's host-staged communicator ------------------------------------
+
+# On the CPU, '--comm staged' stages every host array as the GPU runs stage
+# device arrays: copied out, reduced or broadcast by the naive
+# communicator's MPI call, copied back. ChainerMN's run must not change.
+STAGED = ('--comm', 'staged')
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize('shape', ['custom_loop', 'loss_scaling'])
+def test_the_host_staged_communicator_trains_what_the_naive_one_does(
+        mpiexec, trained, shape):
+    naive = trained(*SHAPES[shape], 0)
+    staged = trained(*SHAPES[shape], 0, *STAGED)
+    assert_ranks_agree(staged)
+    assert len(staged.arrays) == len(naive.arrays)
+    for rank, (ours, theirs) in enumerate(zip(staged.arrays, naive.arrays)):
+        assert sorted(ours) == sorted(theirs), rank
+        for key in sorted(theirs):
+            numpy.testing.assert_array_equal(
+                ours[key], theirs[key], err_msg='rank {}: {}'.format(
+                    rank, key))
+        assert staged.values(rank) == naive.values(rank), rank
 
 
 # -- a Trainer, a snapshot, a resumed run -------------------------------------
@@ -263,7 +308,21 @@ def resumed_pair(trained, role, *args):
 @pytest.mark.parametrize('role', [0, 1], ids=['reference', 'candidate'])
 def test_a_resumed_trainer_ends_where_the_uninterrupted_one_does(
         mpiexec, trained, role):
-    whole, resumed = resumed_pair(trained, role)
+    assert_resumed_run_ends_where_whole_one_does(
+        *resumed_pair(trained, role))
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.gpu
+@pytest.mark.parametrize('role', [0, 1], ids=['reference', 'candidate'])
+def test_on_gpus_a_resumed_trainer_ends_where_the_uninterrupted_one_does(
+        mpiexec, trained, role):
+    assert_resumed_run_ends_where_whole_one_does(
+        *resumed_pair(trained, role, *GPU))
+
+
+def assert_resumed_run_ends_where_whole_one_does(whole, resumed):
     for run in (whole, resumed):
         assert_ranks_agree(run)
     assert_same_arrays(resumed, whole)
@@ -295,12 +354,25 @@ def test_the_switched_call_snapshots_and_resumes_as_chainermn_does(
         assert_same_reports(candidate, reference)
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.gpu
+def test_on_gpus_the_switched_call_snapshots_and_resumes_as_chainermn_does(
+        mpiexec, trained):
+    for reference, candidate in zip(resumed_pair(trained, 0, *GPU),
+                                    resumed_pair(trained, 1, *GPU)):
+        assert_same_arrays(candidate, reference)
+        assert_same_reports(candidate, reference)
+
+
 # -- a rank killed outright ---------------------------------------------------
 
 SHM_FOLDER = '/dev/shm'
 # The job must end by itself within this many seconds; if it has not, the
 # test kills it and fails (a liveness bound, not a speed check).
 KILLED_JOB_BOUND = 30
+# On GPUs the bound adds the time to start CUDA and compile CuPy's kernels.
+KILLED_JOB_BOUND_ON_GPUS = 150
 # Other users' jobs create and remove files in /dev/shm meanwhile: a new
 # file counts as left behind if no live process uses it and it is still
 # there this long after the job ended.
@@ -353,25 +425,26 @@ class ShmWatch(object):
         return self.names
 
 
-def run_killed_job():
-    """Runs anyloop_killed_rank.py; returns (status, output, shm names
-    that the job used)."""
+def run_killed_job(*args):
+    """Runs anyloop_killed_rank.py (with ``args``); returns (status,
+    output, shm names that the job used)."""
     command = mpiexec_command(2, 'anyloop_killed_rank.py', '--impl',
-                              CANDIDATE)
+                              CANDIDATE, *args)
+    bound = KILLED_JOB_BOUND_ON_GPUS if on_gpus(args) else KILLED_JOB_BOUND
     environment = mpi_environment()
-    environment['CGDP_MPI_WATCHDOG'] = str(10 * KILLED_JOB_BOUND)
+    environment['CGDP_MPI_WATCHDOG'] = str(10 * bound)
     process = subprocess.Popen(
         command, cwd=REPO_ROOT, env=environment, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, start_new_session=True)
     watch = ShmWatch(process.pid)
     try:
-        output, _ = process.communicate(timeout=KILLED_JOB_BOUND)
+        output, _ = process.communicate(timeout=bound)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         output, _ = process.communicate()
         watch.stop()
         pytest.fail('the job went on for {} s after rank 1 was killed; '
-                    'output:\n{}'.format(KILLED_JOB_BOUND, output))
+                    'output:\n{}'.format(bound, output))
     return process.returncode, output, watch.stop()
 
 
@@ -398,8 +471,27 @@ def remove_files(names):
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_a_killed_rank_ends_the_job_leaving_nothing_in_dev_shm(mpiexec):
+    assert_killed_job_ends_leaving_nothing()
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_on_the_gpu_path_a_killed_rank_ends_the_job_leaving_nothing(
+        mpiexec):
+    assert_killed_job_ends_leaving_nothing(*STANDIN)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.gpu
+def test_on_gpus_a_killed_rank_ends_the_job_leaving_nothing_in_dev_shm(
+        mpiexec):
+    assert_killed_job_ends_leaving_nothing(*GPU)
+
+
+def assert_killed_job_ends_leaving_nothing(*args):
     before = set(os.listdir(SHM_FOLDER))
-    status, output, used = run_killed_job()
+    status, output, used = run_killed_job(*args)
     assert status != 0, output
     assert 'OK ' not in output, output
     # The job's own files (it used them) and new files nobody uses.

@@ -34,6 +34,12 @@ concern:
   ``CGDPUpdater`` takes a ChainerMN multi-node optimizer (it trains across
   that optimizer's communicator) and refuses other optimizers whose
   ``update()`` it would bypass.
+* ``host_staged``: :func:`create_host_staged_communicator`, ChainerMN's
+  naive communicator with its GPU arrays staged through host memory, for
+  ChainerMN's reference runs on GPUs where MPI is not CUDA-aware (CGDP's
+  GPU path reduces host arrays and never needs it). Not imported here:
+  it imports ChainerMN, which starts MPI; import
+  ``cgdp_chainer.mpi.host_staged`` where it is used.
 
 ``mpi4py.MPI`` is imported lazily, inside the functions, so that importing
 this package does not start MPI in single-process runs.

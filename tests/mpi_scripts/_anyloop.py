@@ -4,7 +4,7 @@ Each script is a Chainer 7.8.1 example cut down to a tiny model, with one
 line that differs between the runs it is compared across: the module whose
 ``create_multi_node_optimizer`` wraps the actual optimizers, chosen by
 ``--impl chainermn`` (``chainermn``) or ``--impl cgdp`` (``cgdp_chainer``).
-Everything else (the communicator, ChainerMN's naive one on the CPU; the
+Everything else (the communicator, see :func:`start`; the device; the
 data, scattered with ``chainermn.scatter_dataset``; the seeds) is the same.
 
 Each rank writes, atomically, into ``--out``:
@@ -51,12 +51,32 @@ DEVICES = ('numpy', 'standin', 'gpu')
 
 
 def device_of(args, comm):
-    """The Chainer device of this rank's models for ``--device``."""
+    """The Chainer device of this rank's models for ``--device``, made the
+    current one (as Chainer's examples do with ``device.use()``)."""
     if args.device != 'gpu':
         return chainer.get_device('@numpy')
     import cupy
-    return chainer.get_device('@cupy:{}'.format(
+    device = chainer.get_device('@cupy:{}'.format(
         comm.intra_rank % cupy.cuda.runtime.getDeviceCount()))
+    device.use()
+    return device
+
+
+def seed(value, device):
+    """Seeds NumPy's global random state and, on a GPU, CuPy's: what
+    ``xp.random`` and ``F.dropout`` draw from there, so that the runs that
+    are compared draw the same numbers."""
+    numpy.random.seed(value)
+    if device.xp is not numpy:
+        device.xp.random.seed(value)
+
+# --comm: ChainerMN's communicator. 'naive' (ChainerMN's own, on the CPU),
+# or 'staged': cgdp_chainer.mpi.host_staged's, whose reductions and
+# broadcasts copy device arrays to the host for MPI (which is not
+# CUDA-aware here) and back; the default on 'gpu'. On the CPU 'staged'
+# stages every host array as it would a device array, so that a CPU run
+# compares the staging with the naive communicator.
+COMMUNICATORS = ('naive', 'staged')
 
 # Per rank by design in every script: BatchNormalization's running
 # statistics (each rank normalizes its own batches) and recurrent state.
@@ -71,6 +91,9 @@ def parse_args(description, add_arguments=None, out=True):
                         help='whose create_multi_node_optimizer to call')
     parser.add_argument('--device', choices=DEVICES, default='numpy',
                         help='where the models train (see DEVICES)')
+    parser.add_argument('--comm', choices=COMMUNICATORS, default=None,
+                        help="ChainerMN's communicator (see COMMUNICATORS;"
+                        " default: 'staged' on 'gpu', else 'naive')")
     if out:
         parser.add_argument('--out', required=True,
                             help='folder for rank<r>.npz and rank<r>.json')
@@ -96,11 +119,22 @@ def multi_node_optimizer_factory(impl, device='numpy'):
     return functools.partial(create, **options)
 
 
-def start():
-    """MPI started (with the hang watchdog), and ChainerMN's naive
-    communicator over COMM_WORLD, as the examples create it on the CPU."""
-    _common.start_mpi()
-    return chainermn.create_communicator('naive')
+def start(args):
+    """MPI started (with the hang watchdog), and ChainerMN's communicator
+    over COMM_WORLD that ``--comm`` names: the naive one, as the examples
+    create it on the CPU, or the host-staged one (see COMMUNICATORS)."""
+    world = _common.start_mpi()
+    name = args.comm or ('staged' if args.device == 'gpu' else 'naive')
+    if name == 'naive':
+        return chainermn.create_communicator('naive', mpi_comm=world)
+    from cgdp_chainer.mpi import host_staged
+    return host_staged.create_host_staged_communicator(
+        world, staged=None if args.device == 'gpu' else stage_every_array)
+
+
+def stage_every_array(array):
+    """The host-staged communicator's ``staged`` on the CPU."""
+    return True
 
 
 def abort_on_exception(comm):
@@ -139,8 +173,9 @@ def write_results(comm, out, models, values, state=None, per_rank=()):
     arrays = {}
     for name, model in sorted(models.items()):
         arrays.update(model_arrays(name, model))
+    host = chainer.backend.CpuDevice().send
     for key, array in sorted((state or {}).items()):
-        arrays['state/' + key] = numpy.asarray(array)
+        arrays['state/' + key] = numpy.asarray(host(array))
     stem = os.path.join(out, 'rank{}'.format(comm.rank))
     with files.atomic_write(stem + '.npz', 'wb') as stream:
         numpy.savez(stream, **arrays)

@@ -1,7 +1,7 @@
 """Truncated BPTT over an LSTM: the backward runs in user code.
 
 Run: mpiexec -n 2 python tests/mpi_scripts/anyloop_bptt.py --impl
-chainermn|cgdp --out DIR
+chainermn|cgdp --out DIR [--device numpy|standin|gpu]
 
 In the shape of Chainer v7.8.1's examples/ptb/train_ptb_custom_loop.py
 (with train_ptb.py's RNNForLM and ParallelSequentialIterator), cut down to
@@ -18,6 +18,9 @@ ChainerMN's first ``update()`` broadcasts rank 0's weights and takes no
 step; the script checks that clipping acted at least once (the norm of
 the gradient that the update left is the threshold), so that the hook is
 tested.
+
+On '--device gpu' the model and the batches are on the rank's GPU, where
+dropout draws from CuPy's random state, seeded as NumPy's is.
 
 Per rank by design: the LSTMs' state (``state/l1/c`` ...).
 """
@@ -109,16 +112,18 @@ def words(comm):
 
 
 def gradient_norm(model):
-    return float(numpy.sqrt(sum(float(numpy.sum(param.grad ** 2))
-                                for param in model.params()
-                                if param.grad is not None)))
+    return float(numpy.sqrt(sum(
+        float(chainer.backend.get_array_module(param.grad).sum(
+            param.grad ** 2))
+        for param in model.params() if param.grad is not None)))
 
 
-def train(comm, create_multi_node_optimizer):
+def train(comm, create_multi_node_optimizer, device):
     numpy.random.seed(0)  # the same model on every rank
     rnn = RNNForLM(N_VOCAB, N_UNITS)
     model = L.Classifier(rnn)
     model.compute_accuracy = False  # we only want the perplexity
+    model.to_device(device)
 
     optimizer = create_multi_node_optimizer(
         chainer.optimizers.SGD(lr=1.0), comm)
@@ -126,13 +131,13 @@ def train(comm, create_multi_node_optimizer):
     optimizer.add_hook(chainer.optimizer_hooks.GradientClipping(GRADCLIP))
 
     train_iter = ParallelSequentialIterator(words(comm), BATCHSIZE)
-    numpy.random.seed(100 + comm.rank)  # dropout, per rank
+    _anyloop.seed(100 + comm.rank, device)  # dropout, per rank
     losses, norms = [], []
     for iteration in range(ITERATIONS):
         loss = 0
         for i in range(BPROPLEN):
             batch = train_iter.__next__()
-            x, t = convert.concat_examples(batch, -1)
+            x, t = convert.concat_examples(batch, device)
             loss += optimizer.target(x, t)
 
         losses.append(float(loss.array))
@@ -153,10 +158,12 @@ def lstm_state(rnn):
 
 def main():
     args = _anyloop.parse_args(__doc__.splitlines()[0])
-    comm = _anyloop.start()
+    comm = _anyloop.start(args)
     with _anyloop.abort_on_exception(comm):
         rnn, model, optimizer, values = train(
-            comm, _anyloop.multi_node_optimizer_factory(args.impl, args.device))
+            comm,
+            _anyloop.multi_node_optimizer_factory(args.impl, args.device),
+            _anyloop.device_of(args, comm))
         assert any(abs(norm - GRADCLIP) < 1e-4 * GRADCLIP
                    for norm in values['grad_norm'][1:]), (
             'GradientClipping({}) never acted: gradient norms {}'.format(

@@ -99,7 +99,9 @@ def train(comm, create_multi_node_optimizer, device):
     test_iter = chainer.iterators.SerialIterator(test, BATCHSIZE,
                                                  repeat=False, shuffle=False)
 
-    numpy.random.seed(comm.rank)  # the lazy parameters differ per rank
+    # The lazy parameters differ per rank (on a GPU, their initializers
+    # draw from CuPy's random state).
+    _anyloop.seed(comm.rank, device)
     log = []
     train_count = sum_accuracy = sum_loss = 0
     while train_iter.epoch < EPOCHS:
@@ -126,7 +128,7 @@ def train(comm, create_multi_node_optimizer, device):
 
 def main():
     args = _anyloop.parse_args(__doc__.splitlines()[0])
-    comm = _anyloop.start()
+    comm = _anyloop.start(args)
     with _anyloop.abort_on_exception(comm):
         model, values = train(
             comm,

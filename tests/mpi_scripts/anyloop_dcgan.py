@@ -1,7 +1,7 @@
 """A GAN: two wrapped optimizers driven by a custom updater.
 
 Run: mpiexec -n 2 python tests/mpi_scripts/anyloop_dcgan.py --impl
-chainermn|cgdp --out DIR
+chainermn|cgdp --out DIR [--device numpy|standin|gpu]
 
 In the shape of Chainer v7.8.1's examples/chainermn/dcgan (train_dcgan.py,
 updater.py, net.py), cut down to 4x4 one-channel images: a Generator with
@@ -18,6 +18,10 @@ The ranks build their models from different seeds: ChainerMN's first
 step, so both ranks train one model from the second iteration on. Few
 iterations: Adam's step for a gradient near zero is of the order of
 ``alpha`` whatever the gradient's size, and amplifies rounding noise.
+
+On '--device gpu' the models, the batches and the updater are on the
+rank's GPU; the input noise (``xp.random``) comes from CuPy's random state,
+seeded as NumPy's is, so that the runs compared draw the same noise.
 
 Per rank by design: BatchNormalization's statistics, and the
 discriminator's ``grad`` after the last update (the generator's backward
@@ -146,10 +150,12 @@ def images(comm):
     return chainermn.scatter_dataset(train, comm, shuffle=True, seed=1)
 
 
-def train(comm, create_multi_node_optimizer, out):
+def train(comm, create_multi_node_optimizer, device, out):
     numpy.random.seed(comm.rank)  # the ranks start apart
     gen = Generator(n_hidden=N_HIDDEN)
     dis = Discriminator()
+    gen.to_device(device)  # Copy the model to the device
+    dis.to_device(device)
 
     def make_optimizer(model, comm, alpha=0.0002, beta1=0.5):
         optimizer = create_multi_node_optimizer(
@@ -167,7 +173,7 @@ def train(comm, create_multi_node_optimizer, out):
                 numpy.random.RandomState(10 + comm.rank))))
     updater = DCGANUpdater(
         models=(gen, dis), iterator=train_iter,
-        optimizer={'gen': opt_gen, 'dis': opt_dis}, device=-1)
+        optimizer={'gen': opt_gen, 'dis': opt_dis}, device=device)
     trainer = training.Trainer(updater, (ITERATIONS, 'iteration'), out=out)
 
     observed = []
@@ -178,18 +184,19 @@ def train(comm, create_multi_node_optimizer, out):
     if comm.rank == 0:
         trainer.extend(extensions.LogReport(trigger=(1, 'iteration')))
 
-    numpy.random.seed(100 + comm.rank)  # z and the noise, per rank
+    _anyloop.seed(100 + comm.rank, device)  # z and the noise, per rank
     trainer.run()
     return gen, dis, opt_gen, opt_dis, observed
 
 
 def main():
     args = _anyloop.parse_args(__doc__.splitlines()[0])
-    comm = _anyloop.start()
+    comm = _anyloop.start(args)
     with _anyloop.abort_on_exception(comm):
         gen, dis, opt_gen, opt_dis, observed = train(
-            comm, _anyloop.multi_node_optimizer_factory(args.impl, args.device),
-            args.out + '/trainer')
+            comm,
+            _anyloop.multi_node_optimizer_factory(args.impl, args.device),
+            _anyloop.device_of(args, comm), args.out + '/trainer')
         values = {'observed': observed, 'gen_t': opt_gen.t,
                   'dis_t': opt_dis.t}
         _anyloop.write_results(comm, args.out, {'gen': gen, 'dis': dis},

@@ -1,7 +1,7 @@
 """Loss scaling in both call forms: static, and dynamic.
 
 Run: mpiexec -n 2 python tests/mpi_scripts/anyloop_loss_scaling.py --impl
-chainermn|cgdp --out DIR
+chainermn|cgdp --out DIR [--device numpy|standin|gpu]
 
 Two classifiers, each with its own wrapped optimizer:
 
@@ -13,6 +13,11 @@ Two classifiers, each with its own wrapped optimizer:
   gradient is not finite anywhere is skipped and the scale halved), trained
   with ``optimizer.update(model, x, t)``; one batch holds an infinite value,
   so one iteration is skipped (the scale is halved, the weights stay).
+
+No float16 model: CGDP's multi-node reduction (cgdp_chainer.mpi.allreduce.
+ChunkAllreducer) refuses float16 gradients (MPI has no half sum).
+
+On '--device gpu' the models and the batches are on the rank's GPU.
 """
 import _anyloop  # first: it imports cgdp_chainer before Chainer
 
@@ -33,9 +38,11 @@ def batch(comm, step):
     return x, t
 
 
-def train(comm, create_multi_node_optimizer):
+def train(comm, create_multi_node_optimizer, device):
     static = L.Classifier(_common.StagedMLP((6, 10, 3), seed=0))
     dynamic = L.Classifier(_common.StagedMLP((6, 10, 3), seed=1))
+    static.to_device(device)
+    dynamic.to_device(device)
     static_optimizer = create_multi_node_optimizer(
         chainer.optimizers.MomentumSGD(lr=0.05), comm).setup(static)
     static_optimizer.set_loss_scale(128.0)
@@ -46,13 +53,13 @@ def train(comm, create_multi_node_optimizer):
     for step in range(ITERATIONS):
         x, t = batch(comm, step)
         static.cleargrads()
-        loss = static(x, t)
+        loss = static(*device.send((x, t)))
         loss.backward(loss_scale=static_optimizer._loss_scale)
         static_optimizer.update()
         if step == SKIPPED_AT and comm.rank == 1:
             x = x.copy()
             x[0, 0] = numpy.inf
-        dynamic_optimizer.update(dynamic, x, t)
+        dynamic_optimizer.update(dynamic, *device.send((x, t)))
         scales.append(float(dynamic_optimizer._loss_scale))
     return {'static': static, 'dynamic': dynamic}, {
         'static_t': static_optimizer.t, 'dynamic_t': dynamic_optimizer.t,
@@ -61,12 +68,14 @@ def train(comm, create_multi_node_optimizer):
 
 def main():
     args = _anyloop.parse_args(__doc__.splitlines()[0])
-    comm = _anyloop.start()
+    comm = _anyloop.start(args)
     with _anyloop.abort_on_exception(comm):
         models, values = train(
-            comm, _anyloop.multi_node_optimizer_factory(args.impl, args.device))
-        scales = values['dynamic_scales']
+            comm,
+            _anyloop.multi_node_optimizer_factory(args.impl, args.device),
+            _anyloop.device_of(args, comm))
         # The skipped iteration halved the scale, which grows otherwise.
+        scales = values['dynamic_scales']
         assert scales[SKIPPED_AT] < scales[SKIPPED_AT - 1], scales
         _anyloop.write_results(comm, args.out, models, values)
         _anyloop.finish(comm, 'anyloop-loss-scaling')

@@ -2,6 +2,7 @@
 
 Run: mpiexec -n 2 python tests/mpi_scripts/anyloop_trainer_resume.py
 --impl chainermn|cgdp --out DIR [--resume SNAPSHOT]
+[--device numpy|standin|gpu]
 
 In the shape of Chainer v7.8.1's examples/chainermn/mnist/train_mnist.py,
 cut down to a tiny MLP on random data that rank 0 makes: the optimizer
@@ -20,6 +21,11 @@ update before the trainer runs (``optimizer.update()`` with no loss), so
 that every iteration of either run is a step and the resumed run ends
 where the uninterrupted one does. The ranks build their models from
 different seeds; that broadcast makes them one.
+
+On '--device gpu' the model is on the rank's GPU before the optimizer is
+set up, and the updater and the evaluator get that device (they send the
+batches there); the snapshot holds host copies, which the resumed run
+loads into the GPU's arrays.
 
 MomentumSGD (its state, the velocity, goes into the snapshot) instead of
 the example's Adam, which amplifies rounding noise.
@@ -79,7 +85,9 @@ def datasets(comm):
 
 def build_trainer(comm, create_multi_node_optimizer, args, observed):
     numpy.random.seed(comm.rank)  # the ranks start apart
+    device = _anyloop.device_of(args, comm)
     model = L.Classifier(MLP(N_UNITS, N_CLASSES))
+    model.to_device(device)
     optimizer = create_multi_node_optimizer(
         chainer.optimizers.MomentumSGD(lr=0.1, momentum=0.9), comm)
     optimizer.setup(model)
@@ -92,11 +100,12 @@ def build_trainer(comm, create_multi_node_optimizer, args, observed):
     test_iter = chainer.iterators.SerialIterator(test, BATCHSIZE,
                                                  repeat=False, shuffle=False)
 
-    updater = training.StandardUpdater(train_iter, optimizer, device=-1)
+    updater = training.StandardUpdater(train_iter, optimizer,
+                                       device=device)
     trainer = training.Trainer(updater, (args.iterations, 'iteration'),
                                out=os.path.join(args.out, 'trainer'))
 
-    evaluator = extensions.Evaluator(test_iter, model, device=-1)
+    evaluator = extensions.Evaluator(test_iter, model, device=device)
     evaluator = chainermn.create_multi_node_evaluator(evaluator, comm)
     trainer.extend(evaluator, trigger=(EVALUATE_EVERY, 'iteration'))
     trainer.extend(extensions.snapshot(
@@ -132,12 +141,13 @@ def logged(trainer):
 
 def main():
     args = _anyloop.parse_args(__doc__.splitlines()[0], add_arguments)
-    comm = _anyloop.start()
+    comm = _anyloop.start(args)
     with _anyloop.abort_on_exception(comm):
         observed = []
         model, optimizer, trainer = build_trainer(
-            comm, _anyloop.multi_node_optimizer_factory(args.impl, args.device), args,
-            observed)
+            comm,
+            _anyloop.multi_node_optimizer_factory(args.impl, args.device),
+            args, observed)
         if args.resume:
             chainer.serializers.load_npz(own_snapshot(args.resume, comm),
                                          trainer)
