@@ -24,10 +24,16 @@ import numpy
 from cgdp_chainer.mpi.launch import as_mpi_comm
 from cgdp_chainer.mpi.launch import check_thread_support
 
-# dtypes that MPI can sum and the project reduces: gradients (float32,
-# float64) and the integer/float scalars of allreduce_int/allreduce_scalar.
-SUPPORTED_DTYPES = (numpy.dtype(numpy.float32), numpy.dtype(numpy.float64),
-                    numpy.dtype(numpy.int32), numpy.dtype(numpy.int64))
+# dtypes the project reduces: gradients (float16, float32, float64) and
+# the integer/float scalars of allreduce_int/allreduce_scalar.
+SUPPORTED_DTYPES = (numpy.dtype(numpy.float16), numpy.dtype(numpy.float32),
+                    numpy.dtype(numpy.float64), numpy.dtype(numpy.int32),
+                    numpy.dtype(numpy.int64))
+
+# MPI has no half-precision sum: float16 arrays travel and are summed as
+# float32, and the sum is rounded back once, as ChainerMN's communicators
+# do (``_multi_node_mean``), so a float16 model's mean gradient is theirs.
+WIRE_DTYPES = {numpy.dtype(numpy.float16): numpy.dtype(numpy.float32)}
 
 _OP_NAMES = ('sum', 'max', 'min')
 
@@ -90,7 +96,8 @@ class _PackedRequest(object):
 
     Arrays of one dtype travel in one contiguous buffer: one collective per
     dtype instead of one per array. A lone contiguous array is reduced in
-    place with no copy.
+    place with no copy. float16 arrays travel as float32 (see
+    :data:`WIRE_DTYPES`).
 
     Args:
         arrays (list of numpy.ndarray): Arrays to reduce in place.
@@ -113,12 +120,16 @@ class _PackedRequest(object):
         # is the array itself)
         self.buffers = []
         for dtype, group in by_dtype.items():
-            if len(group) == 1 and group[0].flags.c_contiguous:
+            wire = WIRE_DTYPES.get(dtype, dtype)
+            if len(group) == 1 and group[0].flags.c_contiguous and \
+                    wire == dtype:
                 self.buffers.append((group[0].reshape(-1), []))
                 continue
             # Packing here, on the caller's thread, keeps the copies off the
             # communication thread, which only drives MPI.
-            buffer = numpy.concatenate([array.reshape(-1) for array in group])
+            buffer = numpy.concatenate(
+                [array.reshape(-1) for array in group]).astype(wire,
+                                                              copy=False)
             self.buffers.append((buffer, group))
 
     def start(self, comm):

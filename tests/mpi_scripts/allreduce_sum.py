@@ -185,11 +185,43 @@ def check_bad_input(allreducer):
     else:
         raise AssertionError('read-only arrays: ValueError')
     try:
-        allreducer.start([numpy.zeros(3, numpy.float16)])
+        allreducer.start([numpy.zeros(3, numpy.complex64)])
     except TypeError:
         pass
     else:
-        raise AssertionError('float16 is not supported: TypeError')
+        raise AssertionError('complex64 is not supported: TypeError')
+
+
+def check_float16(comm, allreducer):
+    """float16 arrays are summed as float32 and rounded back once, as
+    ChainerMN's communicators sum them: alone, packed with others of their
+    dtype, beside float32 arrays, and strided."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+
+    def contribution(r):
+        random = numpy.random.RandomState(50 + r)
+        # Values of very different magnitudes: a sum in float16 steps
+        # would round differently from the float32 sum.
+        return [(random.randn(7) * 10.0 ** random.randint(-3, 4, 7)
+                 ).astype(numpy.float16),
+                random.randn(3, 4).astype(numpy.float16),
+                random.randn(5).astype(numpy.float32),
+                random.randn(4, 6).astype(numpy.float16)[:, ::2]]
+
+    def expected():
+        totals = [sum(contribution(r)[i].astype(numpy.float32)
+                      for r in range(size)) for i in range(4)]
+        return [total.astype(array.dtype)
+                for total, array in zip(totals, contribution(0))]
+
+    alone = contribution(rank)[:1]
+    allreducer.start(alone).wait(timeout=30)
+    numpy.testing.assert_array_equal(alone[0], expected()[0])
+    arrays = contribution(rank)
+    allreducer.start(arrays).wait(timeout=30)
+    for got, want in zip(arrays, expected()):
+        assert got.dtype == want.dtype, (got.dtype, want.dtype)
+        numpy.testing.assert_array_equal(got, want)
 
 
 def check_blocking_mode(comm):
@@ -216,6 +248,7 @@ def main():
         check_scalars(comm, allreducer)
         check_timeout_then_result(comm, allreducer)
         check_bad_input(allreducer)
+        check_float16(comm, allreducer)
         allreducer.close()
         allreducer.close()      # a second close does nothing
         check_blocking_mode(comm)
