@@ -231,8 +231,8 @@ def find_mpiexec(environ=None, python=None):
         if not (os.path.isfile(named) and os.access(named, os.X_OK)):
             raise FileNotFoundError(
                 '{}={} is not an executable file: point it at the mpiexec '
-                "of the MPI that mpi4py loads (.ci/gpu_check.sh installs "
-                "MPICH's under /tmp/site/bin), or unset it to use the "
+                "of the MPI that mpi4py loads (.ci/gpu_check.sh sets it "
+                "to the MPICH that it installs), or unset it to use the "
                 'mpiexec next to the interpreter'.format(
                     MPIEXEC_VARIABLE, named))
         return named
