@@ -1,38 +1,65 @@
 #!/usr/bin/env bash
 # The device check for a session that is lent a GPU machine (Python 3.12,
-# NumPy 2 and CuPy preinstalled there; no network). Chainer is not
-# installed there: carry its wheel. Here, first:
-#   echo /.whl/ >> .git/info/exclude; mkdir -p .whl
+# NumPy 2 and CuPy preinstalled there; maybe an mpi4py, but no mpiexec; no
+# network). Carry Chainer's wheel, and MPICH's and mpi4py's (the pins of
+# requirements.txt' venv) for the multi-rank parts. Here, first (.whl/ is
+# git-ignored):
+#   mkdir -p .whl
 #   cp "$(find ~/.cache/pip/wheels -name 'chainer-7.8.1-*.whl' | head -n 1)" .whl/
-# then run `OUT=$OUT bash .ci/gpu_check.sh` on the device with `.whl` carried
-# (the wheel is installed only where .whl/ holds one).
+#   python3 -m pip download --no-deps --only-binary=:all: \
+#     --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 \
+#     --platform manylinux_2_17_x86_64 --platform manylinux1_x86_64 \
+#     -d .whl mpich==5.0.2 mpi4py==4.1.2
+# (mpich-5.0.2-py3-none-manylinux_2_28_x86_64.whl and
+# mpi4py-4.1.2-cp312-cp312-manylinux1_x86_64.manylinux_2_5_x86_64.whl, 15 MB
+# with Chainer's), then run `OUT=$OUT bash .ci/gpu_check.sh` on the device
+# with `.whl` carried. Each wheel is installed only where .whl/ holds it,
+# into a fresh $SITE (/tmp/gpu_check_site.*), first on PYTHONPATH (its
+# mpi4py shadows the machine's); MPICH's libraries go to $SITE/lib
+# (.ci/wheel_lib.py: pip --target drops them), and
+# CGDP_MPIEXEC=$SITE/bin/mpiexec (the tests' and benchmarks' launcher:
+# cgdp_chainer.mpi.find_mpiexec) and MPI4PY_LIBMPI=$SITE/lib/libmpi.so.12
+# (the libmpi that mpi4py loads) are exported.
 #
 # Steps, under ten minutes on one GPU in all (each step's budget is its
 # timeout; what a step printed before its timeout is kept):
 # 1. preflight (about 30 s): the stack (nvidia-smi's driver and compute
-#    mode, /dev/shm, CuPy's and NCCL's versions, cuDNN on or off); exits 1,
-#    naming what is missing, unless Chainer sees CuPy and at least one GPU;
-# 2. the tests marked gpu (170 s), their output kept in gpu_tests.txt;
-# 3. the GPU benchmark with the cost model's check (220 s; python -m
+#    mode, /dev/shm, CuPy's and NCCL's versions, cuDNN on or off), and MPI:
+#    a 2-rank hello job (mpiexec -launcher fork -n 2, 30 s at most) says
+#    whether MPI is usable; where not, the multi-rank parts below are
+#    skipped and named in the summary. Exits 1, naming what is missing,
+#    unless Chainer sees CuPy and at least one GPU;
+# 2. the tests marked gpu (175 s), the ones marked mpi and gpu among them
+#    (2 ranks sharing the one GPU), their output kept in gpu_tests.txt;
+# 3. the GPU benchmark with the cost model's check (190 s; python -m
 #    benchmarks.gpu, defaults: the four networks at 224 px, batch 64 and
 #    16, StandardUpdater, CGDP with processes and threads and the limit,
 #    then the per-layer profile and the predictions), its output in
 #    gpu_benchmark.txt and its CSV and JSON in gpu_benchmark/; then the
-#    optimizer form's benchmark (110 s; python -m benchmarks.gpu_anyloop
+#    optimizer form's benchmark (90 s; python -m benchmarks.gpu_anyloop
 #    at batch 64: the plain loop, ChainerMN's optimizer, CGDP's and the
-#    limit), in gpu_anyloop.txt and gpu_anyloop/;
-# 4. a short weak-scaling run of AlexNet at 224 px on GPUs (40 s;
+#    limit), in gpu_anyloop.txt and gpu_anyloop/; then its 2-rank part
+#    (50 s; --ranks 2 --nets alexnet --batches 64: 2 ranks on the one GPU,
+#    ChainerMN against CGDP), in gpu_anyloop_ranks.txt and
+#    gpu_anyloop_ranks/;
+# 4. a short weak-scaling run of AlexNet at 224 px on GPUs (30 s;
 #    --device-kind gpu: no CPU fallback), with CGDP's timeline and trace:
 #    the experiment's pipeline on a GPU (the benchmark has the figures).
+# Budgets: 30 + 175 + 190 + 90 + 50 + 30 = 565 s of the 600 s limit.
 # Everything goes into ONE archive directly under $OUT, gpu_check.tar.gz,
 # beside a short summary, gpu_check_summary.txt. The script's status is the
-# worst of its steps'.
+# worst of its steps' (an MPI that the carried wheels do not make usable
+# counts as 1, the other steps still run).
 set -uo pipefail
 PYTHON=${PYTHON:-python3}
 OUT=${OUT:-/tmp/gpu_check_out}
 mkdir -p "$OUT"
 WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
+# The carried wheels' target: fresh each run, so that nothing stale of an
+# earlier run shadows what this one carries.
+SITE=$(mktemp -d /tmp/gpu_check_site.XXXXXX)
+trap 'rm -rf "$WORK" "$SITE"' EXIT
 SUMMARY="$OUT/gpu_check_summary.txt"
 status=0
 worst() { [ "$1" -gt "$status" ] && status=$1; return 0; }
@@ -41,16 +68,37 @@ pack() {
     { echo "status: $status"; cat "$WORK/summary.txt" 2>/dev/null; } > "$SUMMARY"
 }
 
+site_path=
+# install_wheels WHEEL...: pip-installs the carried wheels into $SITE.
+install_wheels() {
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --upgrade \
+        --target "$SITE" "$@" && site_path=$SITE:
+}
 if [ -d .whl ] && ls .whl/chainer-7.8.1-*.whl >/dev/null 2>&1; then
-    if ! "$PYTHON" -m pip install -q --no-index --no-deps --no-compile \
-            --target /tmp/site .whl/chainer-7.8.1-*.whl; then
+    if ! install_wheels .whl/chainer-7.8.1-*.whl; then
         echo 'preflight failed: the carried Chainer wheel did not install' |
             tee "$WORK/summary.txt"
         status=1
         pack
         exit 1
     fi
-    export PYTHONPATH=/tmp/site:$PWD
+fi
+# MPICH's and mpi4py's wheels: mpi_wheels is none, installed or failed.
+mpi_wheels=none
+if ls .whl/mpich-*.whl >/dev/null 2>&1 && ls .whl/mpi4py-*.whl >/dev/null 2>&1
+then
+    mpi_wheels=failed
+    if install_wheels .whl/mpich-*.whl .whl/mpi4py-*.whl \
+            > "$WORK/mpi_wheels.txt" 2>&1 &&
+            "$PYTHON" .ci/wheel_lib.py .whl/mpich-*.whl "$SITE/lib" \
+            >> "$WORK/mpi_wheels.txt" 2>&1; then
+        mpi_wheels=installed
+        export CGDP_MPIEXEC=$SITE/bin/mpiexec
+        export MPI4PY_LIBMPI=$SITE/lib/libmpi.so.12
+    fi
+fi
+if [ -n "$site_path" ]; then
+    export PYTHONPATH=$site_path$PWD
 else
     export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi
@@ -108,9 +156,54 @@ if missing:
     sys.exit(1)
 PY
 preflight=$?
+
+# MPI: the launcher that the tests and benchmarks take, on a 2-rank job.
+MPI_SKIPS='the tests marked mpi and gpu, the 2-rank optimizer-form benchmark'
+MPI_HELLO='from mpi4py import MPI
+import mpi4py
+world = MPI.COMM_WORLD
+line = " ".join(map(str, [
+    "hello from rank", world.Get_rank(), "of", world.Get_size(), "sum",
+    world.allreduce(world.Get_rank() + 1), "mpi4py", mpi4py.__version__,
+    "from", mpi4py.__file__, MPI.Get_library_version().splitlines()[0]]))
+lines = world.gather(line)  # rank 0 prints them, one after the other
+if lines:
+    print("\n".join(lines))'
+check_mpi() {
+    echo "mpi wheels carried: $mpi_wheels"
+    cat "$WORK/mpi_wheels.txt" 2>/dev/null
+    local mpiexec job
+    mpiexec=$("$PYTHON" -c 'from cgdp_chainer import mpi
+print(mpi.find_mpiexec() or "")') || mpiexec=
+    if [ -z "$mpiexec" ]; then
+        echo "mpi: not usable: no mpiexec (carry MPICH's and mpi4py's" \
+            "wheels; see above); skipped: $MPI_SKIPS"
+        return 1
+    fi
+    echo "mpiexec: $mpiexec"
+    timeout 30 "$mpiexec" -launcher fork -n 2 "$PYTHON" -c "$MPI_HELLO" \
+        > "$WORK/mpi_hello.txt" 2>&1
+    job=$?
+    cat "$WORK/mpi_hello.txt"
+    if [ $job -eq 0 ] && [ "$(grep -c '^hello from rank [01] of 2 sum 3 ' \
+            "$WORK/mpi_hello.txt")" = 2 ]; then
+        echo "mpi: usable (a 2-rank job under $mpiexec)"
+        return 0
+    fi
+    echo "mpi: not usable: the 2-rank job exited $job (see above);" \
+        "skipped: $MPI_SKIPS"
+    return 1
+}
+check_mpi >> "$WORK/preflight.txt" 2>&1
+if [ $? -ne 0 ]; then
+    # The multi-rank parts then say they are skipped, rather than each
+    # failing on its own; MPI wheels carried but unusable fail the check.
+    unset CGDP_MPIEXEC
+    [ "$mpi_wheels" != none ] && worst 1
+fi
 cat "$WORK/preflight.txt"
-grep -E '^(python|cupy|nccl|cudnn|matplotlib|gpus|preflight)' "$WORK/preflight.txt" \
-    > "$WORK/summary.txt"
+grep -E '^(python|cupy|nccl|cudnn|matplotlib|gpus|mpi|preflight)' \
+    "$WORK/preflight.txt" > "$WORK/summary.txt"
 if [ $preflight -ne 0 ]; then
     status=1
     pack
@@ -118,7 +211,7 @@ if [ $preflight -ne 0 ]; then
 fi
 
 # 2. the gpu tests ------------------------------------------------------------
-timeout 170 "$PYTHON" -m pytest -q -rA -m gpu -p no:cacheprovider tests \
+timeout 175 "$PYTHON" -m pytest -q -rA -m gpu -p no:cacheprovider tests \
     > "$WORK/gpu_tests.txt" 2>&1
 tests=$?
 worst $tests
@@ -129,7 +222,7 @@ tail -n 25 "$WORK/gpu_tests.txt"
 } >> "$WORK/summary.txt"
 
 # 3. the GPU benchmark and the cost model's check -------------------------------
-timeout 220 "$PYTHON" -m benchmarks.gpu --out "$WORK/gpu_benchmark" \
+timeout 190 "$PYTHON" -m benchmarks.gpu --out "$WORK/gpu_benchmark" \
     > "$WORK/gpu_benchmark.txt" 2>&1
 benchmark=$?
 worst $benchmark
@@ -139,7 +232,7 @@ cat "$WORK/gpu_benchmark.txt"
     grep -v '^  (' "$WORK/gpu_benchmark.txt"
 } >> "$WORK/summary.txt"
 
-timeout 110 "$PYTHON" -m benchmarks.gpu_anyloop --batches 64 \
+timeout 90 "$PYTHON" -m benchmarks.gpu_anyloop --batches 64 \
     --out "$WORK/gpu_anyloop" > "$WORK/gpu_anyloop.txt" 2>&1
 anyloop=$?
 worst $anyloop
@@ -149,11 +242,22 @@ cat "$WORK/gpu_anyloop.txt"
     grep -v '^  (' "$WORK/gpu_anyloop.txt"
 } >> "$WORK/summary.txt"
 
+timeout 50 "$PYTHON" -m benchmarks.gpu_anyloop --ranks 2 --nets alexnet \
+    --batches 64 --out "$WORK/gpu_anyloop_ranks" \
+    > "$WORK/gpu_anyloop_ranks.txt" 2>&1
+anyloop_ranks=$?
+worst $anyloop_ranks
+cat "$WORK/gpu_anyloop_ranks.txt"
+{
+    echo "gpu anyloop benchmark, 2 ranks on one GPU: exit $anyloop_ranks"
+    grep -v '^  (' "$WORK/gpu_anyloop_ranks.txt"
+} >> "$WORK/summary.txt"
+
 # 4. weak scaling on GPUs -----------------------------------------------------
 gpus=$("$PYTHON" -c 'from cgdp_chainer import devices; print(devices.gpu_count())')
 counts=1
 [ "$gpus" -ge 2 ] && counts=1,2
-timeout 40 "$PYTHON" -m experiments.weak_scaling --net alexnet --device-kind gpu \
+timeout 30 "$PYTHON" -m experiments.weak_scaling --net alexnet --device-kind gpu \
     --devices $counts --image-size 224 --batch 16 --iterations 2 --warmup 1 \
     --no-model --out "$WORK/results" > "$WORK/weak_scaling.txt" 2>&1
 scaling=$?

@@ -29,8 +29,9 @@ Printed per network and batch: the four times and the ratios
 ``plain/cgdp`` (goal >= 1.00), ``limit/cgdp`` (goal >= 0.95 at batch 64)
 and ``chainermn/cgdp``.
 
-``--ranks N`` (N >= 2): the same script under the mpiexec next to this
-Python (``mpiexec -launcher fork -n N``, as the Makefile runs MPI jobs),
+``--ranks N`` (N >= 2): the same script under the project's mpiexec
+(``$CGDP_MPIEXEC``, else the one next to this Python: see
+``cgdp_chainer.mpi.find_mpiexec``; ``mpiexec -launcher fork -n N``),
 every rank on ``--device`` (so all of them share one GPU), ``--batches``
 per rank, ChainerMN ('naive' communicator) against CGDP, alternated round
 by round; an iteration takes the slowest rank's time. Where no mpiexec is
@@ -341,9 +342,16 @@ def naive_communicator():
 # ------------------------------------------------------ the --ranks N part
 
 def mpiexec_path():
-    """The mpiexec next to this Python (the venv's MPICH), or None."""
-    path = os.path.join(os.path.dirname(sys.executable), 'mpiexec')
-    return path if os.path.exists(path) else None
+    """The project's mpiexec (:func:`cgdp_chainer.mpi.find_mpiexec`), or
+    None where there is none.
+
+    Raises:
+        BenchmarkFailed: ``$CGDP_MPIEXEC`` names no executable file.
+    """
+    try:
+        return cgdp_mpi.find_mpiexec()
+    except FileNotFoundError as error:
+        raise BenchmarkFailed(str(error))
 
 
 def rank_job_command(mpiexec, ranks, net, batch, args):
@@ -416,8 +424,8 @@ def measure_ranks(ranks, args, report):
     from a fresh GPU context); adds its rows to ``report``."""
     mpiexec = mpiexec_path()
     if mpiexec is None:
-        print('no mpiexec next to {}: the {}-rank part is skipped'.format(
-            sys.executable, ranks), flush=True)
+        print('{}: the {}-rank part is skipped'.format(
+            cgdp_mpi.no_mpiexec_words(), ranks), flush=True)
         report['skipped'].append('{} ranks: no mpiexec'.format(ranks))
         return
     print('{} ranks on {}, ChainerMN (naive) against CGDP; per iteration '

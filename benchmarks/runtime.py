@@ -40,7 +40,7 @@ run mean anything), each with its target or measured limit:
   comparison of the persistent values, and the chunk signals (a round trip
   per chunk).
 - ``ranks``: one process per device, 2 ranks x 1 '@numpy' device under
-  ``mpiexec`` (the mpiexec next to this Python), each rank with one BLAS
+  ``mpiexec`` (cgdp_chainer.mpi.find_mpiexec's), each rank with one BLAS
   thread and ``--batch`` examples, the same StandardUpdater script (see
   :mod:`benchmarks.mpi_ranks`) with CGDP's
   ``create_multi_node_optimizer`` (the ranks sharing one host, and with
@@ -76,6 +76,7 @@ import cgdp_chainer
 from cgdp_chainer.runtime.host import accumulator as accumulator_module
 from cgdp_chainer.runtime.host import master as master_module
 from cgdp_chainer import blas
+from cgdp_chainer import mpi as cgdp_mpi
 from cgdp_chainer.runtime.transport import buffers
 from cgdp_chainer import datasets
 from cgdp_chainer.runtime.replica import readiness
@@ -288,12 +289,12 @@ def print_short_regime(medians):
 
 def mpiexec_command(n_ranks, module, *args):
     """``mpiexec -launcher fork -n N python -m module args`` with the
-    mpiexec next to this Python (the venv's MPICH wheel)."""
-    mpiexec = os.path.join(os.path.dirname(sys.executable), 'mpiexec')
-    if not os.path.exists(mpiexec):
+    project's mpiexec (:func:`cgdp_chainer.mpi.find_mpiexec`)."""
+    mpiexec = cgdp_mpi.find_mpiexec()
+    if mpiexec is None:
         raise RuntimeError(
-            'no mpiexec next to {}: the ranks parts need the MPI stack '
-            '(pip install -e .[mpi])'.format(sys.executable))
+            '{}: the ranks parts need the MPI stack (pip install -e '
+            '.[mpi])'.format(cgdp_mpi.no_mpiexec_words()))
     return [mpiexec, '-launcher', 'fork', '-n', str(n_ranks),
             sys.executable, '-m', module] + [str(arg) for arg in args]
 

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from cgdp_chainer import mpi as cgdp_mpi
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUMBER = r'\d+\.\d+'
 
@@ -16,9 +18,8 @@ NUMBER = r'\d+\.\d+'
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_ranks_part_prints_seconds_and_ratios_with_goals():
-    if not os.path.exists(os.path.join(os.path.dirname(sys.executable),
-                                       'mpiexec')):
-        pytest.skip('no mpiexec next to {}'.format(sys.executable))
+    if cgdp_mpi.find_mpiexec() is None:
+        pytest.skip(cgdp_mpi.no_mpiexec_words())
     pytest.importorskip('mpi4py')
     job = subprocess.run(
         [sys.executable, '-m', 'benchmarks.runtime', '--parts', 'ranks',

@@ -1,6 +1,6 @@
 """``python -m benchmarks.gpu_anyloop`` runs end to end on the CPU ('@numpy',
 a tiny net, one iteration): one rank in a singleton MPI process, and two
-ranks under the venv's mpiexec. Every printed row carries the four times
+ranks under the project's mpiexec. Every printed row carries the four times
 and ratios that are the ratios of those times; bad options exit with
 status 2 and one line. Timings themselves are not checked (a shared 2-core
 machine says nothing about them)."""
@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from benchmarks import gpu_anyloop
+from cgdp_chainer import mpi as cgdp_mpi
 from test_mpi import mpiexec  # NOQA: F401  (the fixture)
 from cli_checks import assert_usage_error
 
@@ -147,14 +148,26 @@ def test_two_ranks_compare_chainermn_with_cgdp(mpiexec, tmp_path):  # NOQA
 
 def test_without_mpiexec_the_ranks_part_says_so_and_is_skipped(
         tmp_path, monkeypatch, capsys):
-    # A Python with no mpiexec beside it: nothing is launched, the run
-    # ends normally and says what it left out.
+    # A Python with no mpiexec beside it and no CGDP_MPIEXEC: nothing is
+    # launched, the run ends normally and says what it left out.
     monkeypatch.setattr(sys, 'executable', str(tmp_path / 'python'))
+    monkeypatch.delenv(cgdp_mpi.MPIEXEC_VARIABLE, raising=False)
     report = gpu_anyloop.main(list(TINY) + ['--ranks', '2'])
     assert report['rank_rows'] == [] and report['rows'] == []
     assert report['skipped'] == ['2 ranks: no mpiexec']
     assert 'no mpiexec next to {}'.format(tmp_path / 'python') in \
         capsys.readouterr().out
+
+
+def test_a_named_mpiexec_that_is_missing_ends_the_ranks_part(
+        tmp_path, monkeypatch):
+    # Named, but not there: refused, never replaced by another mpiexec.
+    missing = str(tmp_path / 'bin' / 'mpiexec')
+    monkeypatch.setenv(cgdp_mpi.MPIEXEC_VARIABLE, missing)
+    with pytest.raises(gpu_anyloop.BenchmarkFailed) as error:
+        gpu_anyloop.main(list(TINY) + ['--ranks', '2'])
+    assert '{}={}'.format(cgdp_mpi.MPIEXEC_VARIABLE, missing) in \
+        str(error.value)
 
 
 @pytest.mark.parametrize('args, words', [

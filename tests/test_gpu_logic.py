@@ -14,6 +14,7 @@ import pytest
 
 import cgdp_chainer
 from cgdp_chainer import devices
+from cgdp_chainer import mpi as cgdp_mpi
 from cgdp_chainer.runtime.replica import channels
 from cgdp_chainer.runtime.transport import transfer
 from experiments import modes
@@ -179,7 +180,8 @@ def test_the_gpu_check_stops_at_its_preflight_without_a_gpu(tmp_path):
     """A dry run of .ci/gpu_check.sh with no GPU visible (here there is
     none anyway; CUDA_VISIBLE_DEVICES hides any): status 1, the missing
     piece named, no test or run started, the summary and the archive
-    under $OUT."""
+    under $OUT. The preflight's MPI check says whether the mpiexec that
+    the tests take (the venv's, where installed) runs a 2-rank job."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, CUDA_VISIBLE_DEVICES='', PYTHON=sys.executable,
                OUT=str(tmp_path))
@@ -197,3 +199,9 @@ def test_the_gpu_check_stops_at_its_preflight_without_a_gpu(tmp_path):
     with tarfile.open(str(tmp_path / 'gpu_check.tar.gz')) as archive:
         names = {os.path.basename(n) for n in archive.getnames()}
     assert 'preflight.txt' in names and 'gpu_tests.txt' not in names
+    if cgdp_mpi.find_mpiexec() is None:
+        assert 'mpi: not usable: no mpiexec' in summary
+    else:
+        assert 'mpi: usable (a 2-rank job under {})'.format(
+            cgdp_mpi.find_mpiexec()) in summary
+        assert 'mpi_hello.txt' in names

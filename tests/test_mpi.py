@@ -1,7 +1,8 @@
 """Multi-node pieces (cgdp_chainer.mpi), each run as a real 2-rank MPI job.
 
 Every test launches ``mpiexec -n 2 python tests/mpi_scripts/X.py`` with the
-mpiexec of the venv's ``mpich`` wheel, under a timeout, and reads the
+mpiexec of the venv's ``mpich`` wheel (or ``$CGDP_MPIEXEC``'s: see
+``cgdp_chainer.mpi.find_mpiexec``), under a timeout, and reads the
 job's status and output. A script prints ``OK <name> rank <r>`` per rank
 when all its checks pass; a failed check aborts the job with the rank's
 traceback (cgdp_chainer.mpi.abort_on_exception). The experiment scripts
@@ -31,8 +32,9 @@ JOB_TIMEOUT = 60  # seconds; each job takes a few
 
 
 def mpiexec_path():
-    """The mpiexec installed next to this Python (the mpich wheel's)."""
-    return os.path.join(os.path.dirname(sys.executable), 'mpiexec')
+    """The mpiexec of the project's MPI jobs (``$CGDP_MPIEXEC``, else the
+    mpich wheel's next to this Python), or None where there is none."""
+    return cgdp_mpi.find_mpiexec()
 
 
 def mpiexec_command(n_ranks, script, *args):
@@ -250,11 +252,12 @@ def assert_ok(job, name, n_ranks=N_RANKS):
 @pytest.fixture
 def mpiexec():
     """Skips where the MPI stack is not installed."""
-    if not os.path.exists(mpiexec_path()):
-        pytest.skip('no mpiexec next to {} (install the mpi extra: '
-                    'pip install -e .[mpi])'.format(sys.executable))
+    path = mpiexec_path()
+    if path is None:
+        pytest.skip('{} (install the mpi extra: pip install -e .[mpi])'
+                    .format(cgdp_mpi.no_mpiexec_words()))
     pytest.importorskip('mpi4py')
-    return mpiexec_path()
+    return path
 
 
 # -- without MPI: the pure parts ---------------------------------------------

@@ -12,7 +12,9 @@ concern:
   its environment, without starting MPI), the world communicator then, and
   the ranks sharing this machine; :func:`init_mpi` starts MPI with the
   thread support that the communication thread needs. The experiment
-  scripts switch to their multi-rank modes by them.
+  scripts switch to their multi-rank modes by them. :func:`find_mpiexec`
+  is the one place that says which mpiexec launches the project's MPI
+  jobs (tests, benchmarks): ``$CGDP_MPIEXEC``, else the interpreter's.
 * ``allreduce``: :class:`ChunkAllreducer` sums host arrays across ranks on
   ONE communication thread that owns every MPI call it makes, so
   accumulator threads can start chunk reductions while earlier chunks'
@@ -64,11 +66,14 @@ from cgdp_chainer.mpi.faults import AbortOnException  # NOQA
 from cgdp_chainer.mpi.faults import install_abort_hooks  # NOQA
 from cgdp_chainer.mpi.launch import as_mpi_comm  # NOQA
 from cgdp_chainer.mpi.launch import check_thread_support  # NOQA
+from cgdp_chainer.mpi.launch import find_mpiexec  # NOQA
 from cgdp_chainer.mpi.launch import init_mpi  # NOQA
 from cgdp_chainer.mpi.launch import LAUNCH_VARIABLES  # NOQA
 from cgdp_chainer.mpi.launch import launch_rank_and_size  # NOQA
 from cgdp_chainer.mpi.launch import launched_with_mpi  # NOQA
 from cgdp_chainer.mpi.launch import launcher_size  # NOQA
+from cgdp_chainer.mpi.launch import MPIEXEC_VARIABLE  # NOQA
+from cgdp_chainer.mpi.launch import no_mpiexec_words  # NOQA
 from cgdp_chainer.mpi.launch import node_ranks  # NOQA
 from cgdp_chainer.mpi.launch import thread_level_name  # NOQA
 from cgdp_chainer.mpi.launch import world  # NOQA

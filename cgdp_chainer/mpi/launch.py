@@ -197,3 +197,56 @@ def launch_rank_and_size(environ=None):
             return int(rank), int(size)
     comm = world(environ)
     return comm.Get_rank(), comm.Get_size()
+
+
+# Names the mpiexec to launch this project's MPI jobs with, where none is
+# next to the interpreter: .ci/gpu_check.sh sets it to the MPICH that it
+# installs from a carried wheel on a machine without one.
+MPIEXEC_VARIABLE = 'CGDP_MPIEXEC'
+
+
+def find_mpiexec(environ=None, python=None):
+    """The mpiexec that launches this project's MPI jobs, or None.
+
+    :data:`MPIEXEC_VARIABLE` wins where it is set (and not empty): it
+    names the launcher of the MPI that mpi4py loads. Otherwise the
+    mpiexec next to the interpreter (the venv's ``mpich`` wheel). An
+    mpiexec elsewhere on ``PATH`` is never taken: its MPI may not be the
+    one mpi4py loads, and ranks of another MPI each start as a world of
+    their own.
+
+    Args:
+        environ (dict or None): The environment; ``os.environ`` if None.
+        python (str or None): The interpreter; ``sys.executable`` if None.
+
+    Returns:
+        str or None: The mpiexec's path; None where there is none.
+
+    Raises:
+        FileNotFoundError: The variable names no executable file.
+    """
+    environ = os.environ if environ is None else environ
+    named = environ.get(MPIEXEC_VARIABLE)
+    if named:
+        if not (os.path.isfile(named) and os.access(named, os.X_OK)):
+            raise FileNotFoundError(
+                '{}={} is not an executable file: point it at the mpiexec '
+                "of the MPI that mpi4py loads (.ci/gpu_check.sh sets it "
+                "to the MPICH that it installs), or unset it to use the "
+                'mpiexec next to the interpreter'.format(
+                    MPIEXEC_VARIABLE, named))
+        return named
+    beside = os.path.join(
+        os.path.dirname(sys.executable if python is None else python),
+        'mpiexec')
+    return beside if os.path.exists(beside) else None
+
+
+def no_mpiexec_words(python=None):
+    """Where :func:`find_mpiexec` looked, for a message that it found none.
+
+    Args:
+        python (str or None): The interpreter; ``sys.executable`` if None.
+    """
+    return 'no mpiexec next to {} and {} unset'.format(
+        sys.executable if python is None else python, MPIEXEC_VARIABLE)
