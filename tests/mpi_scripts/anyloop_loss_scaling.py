@@ -14,8 +14,12 @@ Two classifiers, each with its own wrapped optimizer:
   with ``optimizer.update(model, x, t)``; one batch holds an infinite value,
   so one iteration is skipped (the scale is halved, the weights stay).
 
-No float16 model: CGDP's multi-node reduction (cgdp_chainer.mpi.allreduce.
-ChunkAllreducer) refuses float16 gradients (MPI has no half sum).
+* ``half``: a float16 model (its parameters and batches in half
+  precision), MomentumSGD with ``use_fp32_update()`` (float32 master
+  copies in the update rules, as Chainer's mixed16 examples set) and
+  dynamic loss scaling, trained with ``optimizer.update(model, x, t)``.
+  Its gradients' mean over the ranks is summed in float32 and rounded back
+  once, as ChainerMN's communicators do.
 
 On '--device gpu' the models and the batches are on the rank's GPU.
 """
@@ -38,6 +42,14 @@ def batch(comm, step):
     return x, t
 
 
+def half_model(seed):
+    """A classifier whose parameters are float16."""
+    model = L.Classifier(_common.StagedMLP((6, 10, 3), seed=seed))
+    for param in model.params():
+        param.array = param.array.astype(numpy.float16)
+    return model
+
+
 def train(comm, create_multi_node_optimizer, device):
     static = L.Classifier(_common.StagedMLP((6, 10, 3), seed=0))
     dynamic = L.Classifier(_common.StagedMLP((6, 10, 3), seed=1))
@@ -49,9 +61,19 @@ def train(comm, create_multi_node_optimizer, device):
     dynamic_optimizer = create_multi_node_optimizer(
         chainer.optimizers.Adam(alpha=1e-3), comm).setup(dynamic)
     dynamic_optimizer.loss_scaling(interval=2)
+    half = half_model(seed=2)
+    half.to_device(device)
+    half_optimizer = create_multi_node_optimizer(
+        chainer.optimizers.MomentumSGD(lr=0.05), comm).setup(half)
+    half_optimizer.use_fp32_update()
+    half_optimizer.loss_scaling(interval=2, scale=16.0)
     scales = []
     for step in range(ITERATIONS):
         x, t = batch(comm, step)
+        # Chainer's float32 update of a float16 model does not skip a
+        # non-finite step (its weights become NaN): a clean batch.
+        half_optimizer.update(half, *device.send(
+            (x.astype(numpy.float16), t)))
         static.cleargrads()
         loss = static(*device.send((x, t)))
         loss.backward(loss_scale=static_optimizer._loss_scale)
@@ -61,9 +83,10 @@ def train(comm, create_multi_node_optimizer, device):
             x[0, 0] = numpy.inf
         dynamic_optimizer.update(dynamic, *device.send((x, t)))
         scales.append(float(dynamic_optimizer._loss_scale))
-    return {'static': static, 'dynamic': dynamic}, {
+    return {'static': static, 'dynamic': dynamic, 'half': half}, {
         'static_t': static_optimizer.t, 'dynamic_t': dynamic_optimizer.t,
-        'dynamic_scales': scales}
+        'half_t': half_optimizer.t, 'dynamic_scales': scales,
+        'half_scale': float(half_optimizer._loss_scale)}
 
 
 def main():

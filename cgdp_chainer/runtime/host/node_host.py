@@ -104,8 +104,14 @@ def prepare_rule_states(optimizer):
     from the first step on and the state can live in shared memory."""
     for param in optimizer.target.params():
         rule = param.update_rule
-        if rule is not None and rule.state is None:
-            rule._init_states(param)  # what Chainer's first update runs
+        if rule is None or rule.state is not None:
+            continue
+        if rule._use_fp32_update and param.dtype == numpy.float16:
+            # Chainer's first update creates this state from the rule's
+            # float32 copy of the parameter: made here from the float16
+            # one, it would stay float16 and change every step.
+            continue
+        rule._init_states(param)  # what Chainer's first update runs
 
 
 def node_host_refusal(optimizer, check_params=True):
