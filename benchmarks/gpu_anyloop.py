@@ -33,9 +33,15 @@ and ``chainermn/cgdp``.
 (``$CGDP_MPIEXEC``, else the one next to this Python: see
 ``cgdp_chainer.mpi.find_mpiexec``; ``mpiexec -launcher fork -n N``),
 every rank on ``--device`` (so all of them share one GPU), ``--batches``
-per rank, ChainerMN ('naive' communicator) against CGDP, alternated round
+per rank, ChainerMN against CGDP, alternated round
 by round; an iteration takes the slowest rank's time. Where no mpiexec is
 found, that part says so and is skipped. ``--ranks 1,2`` runs both parts.
+ChainerMN's naive communicator hands CuPy device pointers to MPI, which
+only a CUDA-aware MPI reads (MPICH's wheel is not one; 'pure_nccl' refuses
+two ranks on one GPU): on a GPU, the ranks' ChainerMN runs use
+:mod:`cgdp_chainer.mpi.host_staged`, the naive communicator with its
+arrays staged through host memory, the only way ChainerMN runs there (its
+copies count in its time). CGDP's runs reduce host arrays either way.
 
 ``--device @numpy`` runs all of it on the CPU (the CI test runs it tiny).
 ``--out DIR`` writes ``gpu_anyloop.csv`` (one row per network and batch),
@@ -326,15 +332,20 @@ class BenchmarkFailed(RuntimeError):
     """A part cannot run or its MPI job failed (the message says why)."""
 
 
-def naive_communicator():
+def chainermn_communicator(device):
     """ChainerMN's naive communicator over ``COMM_WORLD`` (MPI started
-    with thread support; a singleton where no launcher started us)."""
+    with thread support; a singleton where no launcher started us), host
+    staged where several ranks reduce GPU arrays (see the module)."""
     if importlib.util.find_spec('mpi4py') is None:
         raise BenchmarkFailed(
             'mpi4py is not installed: the chainermn and cgdp runs need an '
             'MPI communicator (pip install -e .[mpi], or mpi4py against the '
             "machine's MPI)")
     MPI = cgdp_mpi.init_mpi()
+    if MPI.COMM_WORLD.size > 1 and devices_module.is_gpu(
+            chainer.get_device(device)):
+        from cgdp_chainer.mpi import host_staged
+        return host_staged.create_host_staged_communicator(MPI.COMM_WORLD)
     import chainermn
     return chainermn.create_communicator('naive', MPI.COMM_WORLD)
 
@@ -403,7 +414,7 @@ def run_rank_job(command):
 def rank_job(args):
     """One rank of a --ranks job: ChainerMN and CGDP alternated on every
     network and batch; rank 0 prints each row (collective)."""
-    communicator = naive_communicator()
+    communicator = chainermn_communicator(args.device)
     with cgdp_mpi.abort_on_exception(communicator):
         from benchmarks import mpi_ranks
         for net in args.nets:
@@ -428,7 +439,8 @@ def measure_ranks(ranks, args, report):
             cgdp_mpi.no_mpiexec_words(), ranks), flush=True)
         report['skipped'].append('{} ranks: no mpiexec'.format(ranks))
         return
-    print('{} ranks on {}, ChainerMN (naive) against CGDP; per iteration '
+    print('{} ranks on {}, ChainerMN (naive, host staged on a GPU) against '
+          'CGDP; per iteration '
           'the slowest rank\'s ms'.format(ranks, args.device), flush=True)
     print(RANKS_HEADER, flush=True)
     for net in args.nets:
@@ -461,7 +473,7 @@ def write_partial(args, report):
 def measure_one_rank(args, report):
     """The --ranks 1 part: the four runs in this process; adds its rows
     and missed goals to ``report``."""
-    communicator = naive_communicator()
+    communicator = chainermn_communicator(args.device)
     print('1 rank (a singleton MPI process); ms per iteration', flush=True)
     print(TABLE_HEADER, flush=True)
     for net in args.nets:
