@@ -303,6 +303,17 @@ def resumed_pair(trained, role, *args):
     return whole, resumed
 
 
+def checkpointed_pair(trained, role, *args):
+    """The uninterrupted run with ChainerMN's multi-node checkpointer, and
+    the run resumed from the checkpoints it kept."""
+    saver = ('--snapshot-at', str(SNAPSHOT_AT), '--saver', 'checkpointer')
+    whole = trained(*RESUME, role, *(saver + args))
+    kept = os.path.join(whole.out, 'kept')
+    assert len(os.listdir(kept)) == 2, os.listdir(kept)  # one per rank
+    resumed = trained(*RESUME, role, *(saver + ('--resume', kept) + args))
+    return whole, resumed
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
 @pytest.mark.parametrize('role', [0, 1], ids=['reference', 'candidate'])
@@ -352,6 +363,36 @@ def test_the_switched_call_snapshots_and_resumes_as_chainermn_does(
                                     resumed_pair(trained, 1)):
         assert_same_arrays(candidate, reference)
         assert_same_reports(candidate, reference)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.parametrize('device', [(), STANDIN], ids=['numpy', 'standin'])
+def test_the_multi_node_checkpointer_resumes_as_chainermn_does(
+        mpiexec, trained, device):
+    # chainermn.create_multi_node_checkpointer saves and loads the trainer,
+    # the optimizer's state within; CGDP's runs go on from it as
+    # ChainerMN's do, through the GPU path's host shadow too.
+    assert_checkpointed_pairs_agree(checkpointed_pair(trained, 1, *device),
+                                    checkpointed_pair(trained, 0))
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.gpu
+def test_on_gpus_the_multi_node_checkpointer_resumes_as_chainermn_does(
+        mpiexec, trained):
+    assert_checkpointed_pairs_agree(checkpointed_pair(trained, 1, *GPU),
+                                    checkpointed_pair(trained, 0, *GPU))
+
+
+def assert_checkpointed_pairs_agree(candidate, reference):
+    """The candidate's resumed run ends where its whole one does, and both
+    equal the reference's."""
+    assert_resumed_run_ends_where_whole_one_does(*candidate)
+    for ours, theirs in zip(candidate, reference):
+        assert_same_arrays(ours, theirs)
+        assert_same_reports(ours, theirs)
 
 
 @pytest.mark.mpi

@@ -27,10 +27,19 @@ set up, and the updater and the evaluator get that device (they send the
 batches there); the snapshot holds host copies, which the resumed run
 loads into the GPU's arrays.
 
+With ``--saver checkpointer`` the trainer's state is kept by ChainerMN's
+fault-tolerance extension instead, ``chainermn.create_multi_node_
+checkpointer``, at iteration ``--snapshot-at``. As it removes its files
+when the run ends, the run copies them into ``DIR/kept`` then (what a job
+killed after that iteration would leave), and ``--resume`` naming such a
+folder starts a run from a copy of it with ``checkpointer.maybe_load(
+trainer, optimizer)``.
+
 MomentumSGD (its state, the velocity, goes into the snapshot) instead of
 the example's Adam, which amplifies rounding noise.
 """
 import os
+import shutil
 
 import _anyloop  # first: it imports cgdp_chainer before Chainer
 
@@ -69,7 +78,11 @@ def add_arguments(parser):
     parser.add_argument('--iterations', type=int, default=6)
     parser.add_argument('--snapshot-at', type=int, default=3)
     parser.add_argument('--resume', default='',
-                        help="rank 0's snapshot to resume from")
+                        help="rank 0's snapshot to resume from (with "
+                        "--saver checkpointer: the folder of the kept "
+                        "checkpoints)")
+    parser.add_argument('--saver', choices=('snapshot', 'checkpointer'),
+                        default='snapshot')
 
 
 def datasets(comm):
@@ -108,18 +121,41 @@ def build_trainer(comm, create_multi_node_optimizer, args, observed):
     evaluator = extensions.Evaluator(test_iter, model, device=device)
     evaluator = chainermn.create_multi_node_evaluator(evaluator, comm)
     trainer.extend(evaluator, trigger=(EVALUATE_EVERY, 'iteration'))
-    trainer.extend(extensions.snapshot(
-        filename='snapshot_rank{}_iter_{{.updater.iteration}}'.format(
-            comm.rank)),
-        trigger=training.triggers.ManualScheduleTrigger(
-            [args.snapshot_at], 'iteration'))
+    at_snapshot = training.triggers.ManualScheduleTrigger(
+        [args.snapshot_at], 'iteration')
+    checkpointer = None
+    if args.saver == 'snapshot':
+        trainer.extend(extensions.snapshot(
+            filename='snapshot_rank{}_iter_{{.updater.iteration}}'.format(
+                comm.rank)), trigger=at_snapshot)
+    else:
+        checkpoints = os.path.join(args.out, 'checkpoints')
+        if args.resume:
+            # A copy: the checkpointer removes what it loaded at the end.
+            shutil.copytree(args.resume, checkpoints, dirs_exist_ok=True)
+        checkpointer = chainermn.create_multi_node_checkpointer(
+            'anyloop', comm, path=checkpoints)
+        trainer.extend(checkpointer, trigger=at_snapshot)
+        if not args.resume:
+            trainer.extend(kept(checkpointer, os.path.join(args.out, 'kept')),
+                           name='keep', trigger=at_snapshot)
     trainer.extend(lambda trainer: observed.append({
         key: _anyloop.as_float(value)
         for key, value in sorted(trainer.observation.items())}),
         name='record', trigger=(1, 'iteration'))
     if comm.rank == 0:
         trainer.extend(extensions.LogReport(trigger=(1, 'iteration')))
-    return model, optimizer, trainer
+    return model, optimizer, trainer, checkpointer
+
+
+def kept(checkpointer, folder):
+    """An extension that copies the checkpointer's files into ``folder``
+    (called after the checkpointer, at the same iteration)."""
+    def keep(trainer):
+        os.makedirs(folder, exist_ok=True)
+        for name in checkpointer.files:
+            shutil.copy(os.path.join(checkpointer.path, name), folder)
+    return keep
 
 
 def own_snapshot(rank_0_snapshot, comm):
@@ -144,11 +180,15 @@ def main():
     comm = _anyloop.start(args)
     with _anyloop.abort_on_exception(comm):
         observed = []
-        model, optimizer, trainer = build_trainer(
+        model, optimizer, trainer, checkpointer = build_trainer(
             comm,
             _anyloop.multi_node_optimizer_factory(args.impl, args.device),
             args, observed)
-        if args.resume:
+        if args.resume and checkpointer is not None:
+            checkpointer.maybe_load(trainer, optimizer)
+            assert trainer.updater.iteration == args.snapshot_at, \
+                trainer.updater.iteration
+        elif args.resume:
             chainer.serializers.load_npz(own_snapshot(args.resume, comm),
                                          trainer)
         optimizer.update()  # ChainerMN's first update: the broadcast
