@@ -121,13 +121,14 @@ def build_trainer(comm, create_multi_node_optimizer, args, observed):
     evaluator = extensions.Evaluator(test_iter, model, device=device)
     evaluator = chainermn.create_multi_node_evaluator(evaluator, comm)
     trainer.extend(evaluator, trigger=(EVALUATE_EVERY, 'iteration'))
-    at_snapshot = training.triggers.ManualScheduleTrigger(
-        [args.snapshot_at], 'iteration')
+    def at_snapshot():  # a trigger keeps state: one per extension
+        return training.triggers.ManualScheduleTrigger(
+            [args.snapshot_at], 'iteration')
     checkpointer = None
     if args.saver == 'snapshot':
         trainer.extend(extensions.snapshot(
             filename='snapshot_rank{}_iter_{{.updater.iteration}}'.format(
-                comm.rank)), trigger=at_snapshot)
+                comm.rank)), trigger=at_snapshot())
     else:
         checkpoints = os.path.join(args.out, 'checkpoints')
         if args.resume:
@@ -135,10 +136,10 @@ def build_trainer(comm, create_multi_node_optimizer, args, observed):
             shutil.copytree(args.resume, checkpoints, dirs_exist_ok=True)
         checkpointer = chainermn.create_multi_node_checkpointer(
             'anyloop', comm, path=checkpoints)
-        trainer.extend(checkpointer, trigger=at_snapshot)
+        trainer.extend(checkpointer, trigger=at_snapshot())
         if not args.resume:
             trainer.extend(kept(checkpointer, os.path.join(args.out, 'kept')),
-                           name='keep', trigger=at_snapshot)
+                           name='keep', trigger=at_snapshot())
     trainer.extend(lambda trainer: observed.append({
         key: _anyloop.as_float(value)
         for key, value in sorted(trainer.observation.items())}),
