@@ -23,30 +23,34 @@
 # (the libmpi that mpi4py loads) are exported.
 #
 # Steps, under ten minutes on one GPU in all (each step's budget is its
-# timeout; what a step printed before its timeout is kept):
-# 1. preflight (about 30 s): the stack (nvidia-smi's driver and compute
-#    mode, /dev/shm, CuPy's and NCCL's versions, cuDNN on or off), and MPI:
-#    a 2-rank hello job (mpiexec -launcher fork -n 2, 30 s at most) says
-#    whether MPI is usable; where not, the multi-rank parts below are
-#    skipped and named in the summary. Exits 1, naming what is missing,
+# timeout; what a step printed before its timeout is kept). PART=all (the
+# default) runs every step; a session that can afford two device calls runs
+# PART=tests, then PART=bench, each step with more time (the budgets below
+# are all / tests / bench, in seconds; 0: not run):
+# 1. preflight (about 30 s, in every part): the stack (nvidia-smi's driver
+#    and compute mode, /dev/shm, CuPy's and NCCL's versions, cuDNN on or
+#    off), and MPI: a 2-rank hello job (mpiexec -launcher fork -n 2, 30 s at
+#    most) says whether MPI is usable; where not, the multi-rank parts below
+#    are skipped and named in the summary. Exits 1, naming what is missing,
 #    unless Chainer sees CuPy and at least one GPU;
-# 2. the tests marked gpu (175 s), the ones marked mpi and gpu among them
-#    (2 ranks sharing the one GPU), their output kept in gpu_tests.txt;
-# 3. the GPU benchmark with the cost model's check (190 s; python -m
-#    benchmarks.gpu, defaults: the four networks at 224 px, batch 64 and
+# 2. the tests marked gpu and not mpi (100 / 250 / 0), then those marked
+#    mpi and gpu (75 / 300 / 0; 2 ranks sharing the one GPU), one line per
+#    test in gpu_tests.txt and gpu_mpi_tests.txt and the summary;
+# 3. the GPU benchmark with the cost model's check (190 / 0 / 300; python
+#    -m benchmarks.gpu, defaults: the four networks at 224 px, batch 64 and
 #    16, StandardUpdater, CGDP with processes and threads and the limit,
 #    then the per-layer profile and the predictions), its output in
 #    gpu_benchmark.txt and its CSV and JSON in gpu_benchmark/; then the
-#    optimizer form's benchmark (90 s; python -m benchmarks.gpu_anyloop
-#    at batch 64: the plain loop, ChainerMN's optimizer, CGDP's and the
-#    limit), in gpu_anyloop.txt and gpu_anyloop/; then its 2-rank part
-#    (50 s; --ranks 2 --nets alexnet --batches 64: 2 ranks on the one GPU,
-#    ChainerMN against CGDP), in gpu_anyloop_ranks.txt and
-#    gpu_anyloop_ranks/;
-# 4. a short weak-scaling run of AlexNet at 224 px on GPUs (30 s;
+#    optimizer form's benchmark (90 / 0 / 120; python -m
+#    benchmarks.gpu_anyloop at batch 64: the plain loop, ChainerMN's
+#    optimizer, CGDP's and the limit), in gpu_anyloop.txt and gpu_anyloop/;
+#    then its 2-rank part (50 / 0 / 80; --ranks 2 --nets alexnet --batches
+#    64: 2 ranks on the one GPU, ChainerMN against CGDP), in
+#    gpu_anyloop_ranks.txt and gpu_anyloop_ranks/;
+# 4. a short weak-scaling run of AlexNet at 224 px on GPUs (30 / 0 / 40;
 #    --device-kind gpu: no CPU fallback), with CGDP's timeline and trace:
 #    the experiment's pipeline on a GPU (the benchmark has the figures).
-# Budgets: 30 + 175 + 190 + 90 + 50 + 30 = 565 s of the 600 s limit.
+# Budgets: 565 s (all), 580 s (tests), 570 s (bench) of the 600 s limit.
 # Everything goes into ONE archive directly under $OUT, gpu_check.tar.gz,
 # beside a short summary, gpu_check_summary.txt. The script's status is the
 # worst of its steps' (an MPI that the carried wheels do not make usable
@@ -54,6 +58,19 @@
 set -uo pipefail
 PYTHON=${PYTHON:-python3}
 OUT=${OUT:-/tmp/gpu_check_out}
+# The parts and their budgets (seconds): PART=all (the default) runs both
+# in one call; PART=tests or PART=bench runs one, with more time each, for
+# a session that can afford two calls.
+PART=${PART:-all}
+case $PART in
+    all)   budgets=(100 75 190 90 50 30) ;;
+    tests) budgets=(250 300 0 0 0 0) ;;
+    bench) budgets=(0 0 300 120 80 40) ;;
+    *) echo "PART must be all, tests or bench, not $PART" >&2; exit 2 ;;
+esac
+read -r single_budget ranks_budget benchmark_budget anyloop_budget \
+    anyloop_ranks_budget scaling_budget <<< "${budgets[*]}"
+
 mkdir -p "$OUT"
 WORK=$(mktemp -d)
 # The carried wheels' target: fresh each run, so that nothing stale of an
@@ -210,20 +227,31 @@ if [ $preflight -ne 0 ]; then
     exit 1
 fi
 
+# run_tests NAME BUDGET MARKS: pytest of the tests marked MARKS, one line
+# per test as it ends (kept should the budget cut the run short).
+run_tests() {
+    local name=$1 budget=$2 marks=$3 code
+    timeout "$budget" "$PYTHON" -m pytest -v -m "$marks" \
+        -p no:cacheprovider tests > "$WORK/$name.txt" 2>&1
+    code=$?
+    worst $code
+    tail -n 25 "$WORK/$name.txt"
+    {
+        echo "$name ($marks, ${budget} s): exit $code"
+        grep -E ' (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)' "$WORK/$name.txt"
+    } >> "$WORK/summary.txt"
+}
+
 # 2. the gpu tests ------------------------------------------------------------
-timeout 175 "$PYTHON" -m pytest -q -rA -m gpu -p no:cacheprovider tests \
-    > "$WORK/gpu_tests.txt" 2>&1
-tests=$?
-worst $tests
-tail -n 25 "$WORK/gpu_tests.txt"
-{
-    echo "gpu tests: exit $tests"
-    grep -E '^(PASSED|FAILED|ERROR|SKIPPED)' "$WORK/gpu_tests.txt"
-} >> "$WORK/summary.txt"
+if [ "$single_budget" -gt 0 ]; then
+    run_tests gpu_tests "$single_budget" 'gpu and not mpi'
+    run_tests gpu_mpi_tests "$ranks_budget" 'gpu and mpi'
+fi
 
 # 3. the GPU benchmark and the cost model's check -------------------------------
-timeout 190 "$PYTHON" -m benchmarks.gpu --out "$WORK/gpu_benchmark" \
-    > "$WORK/gpu_benchmark.txt" 2>&1
+if [ "$benchmark_budget" -gt 0 ]; then
+timeout "$benchmark_budget" "$PYTHON" -m benchmarks.gpu \
+    --out "$WORK/gpu_benchmark" > "$WORK/gpu_benchmark.txt" 2>&1
 benchmark=$?
 worst $benchmark
 cat "$WORK/gpu_benchmark.txt"
@@ -232,7 +260,7 @@ cat "$WORK/gpu_benchmark.txt"
     grep -v '^  (' "$WORK/gpu_benchmark.txt"
 } >> "$WORK/summary.txt"
 
-timeout 90 "$PYTHON" -m benchmarks.gpu_anyloop --batches 64 \
+timeout "$anyloop_budget" "$PYTHON" -m benchmarks.gpu_anyloop --batches 64 \
     --out "$WORK/gpu_anyloop" > "$WORK/gpu_anyloop.txt" 2>&1
 anyloop=$?
 worst $anyloop
@@ -242,8 +270,8 @@ cat "$WORK/gpu_anyloop.txt"
     grep -v '^  (' "$WORK/gpu_anyloop.txt"
 } >> "$WORK/summary.txt"
 
-timeout 50 "$PYTHON" -m benchmarks.gpu_anyloop --ranks 2 --nets alexnet \
-    --batches 64 --out "$WORK/gpu_anyloop_ranks" \
+timeout "$anyloop_ranks_budget" "$PYTHON" -m benchmarks.gpu_anyloop \
+    --ranks 2 --nets alexnet --batches 64 --out "$WORK/gpu_anyloop_ranks" \
     > "$WORK/gpu_anyloop_ranks.txt" 2>&1
 anyloop_ranks=$?
 worst $anyloop_ranks
@@ -252,12 +280,14 @@ cat "$WORK/gpu_anyloop_ranks.txt"
     echo "gpu anyloop benchmark, 2 ranks on one GPU: exit $anyloop_ranks"
     grep -v '^  (' "$WORK/gpu_anyloop_ranks.txt"
 } >> "$WORK/summary.txt"
+fi
 
 # 4. weak scaling on GPUs -----------------------------------------------------
+if [ "$scaling_budget" -gt 0 ]; then
 gpus=$("$PYTHON" -c 'from cgdp_chainer import devices; print(devices.gpu_count())')
 counts=1
 [ "$gpus" -ge 2 ] && counts=1,2
-timeout 30 "$PYTHON" -m experiments.weak_scaling --net alexnet --device-kind gpu \
+timeout "$scaling_budget" "$PYTHON" -m experiments.weak_scaling --net alexnet --device-kind gpu \
     --devices $counts --image-size 224 --batch 16 --iterations 2 --warmup 1 \
     --no-model --out "$WORK/results" > "$WORK/weak_scaling.txt" 2>&1
 scaling=$?
@@ -276,6 +306,7 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], '*', '*',
         print('{} {} N={}: median {} s/iteration'.format(
             net, row['mode'], results.workers(row), row['median_s']))
 PY
+fi
 pack
 cat "$SUMMARY"
 exit $status
