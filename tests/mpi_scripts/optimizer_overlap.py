@@ -37,18 +37,16 @@ N_LAYERS = 4
 WAIT_SECONDS = 20
 
 
-class WaitForOutputLayer(chainer.FunctionHook):
-    """Before the input-side layer's backward, waits until the output-side
-    layer's weights differ from ``before`` (at most WAIT_SECONDS) and
-    records whether they did."""
+class WaitBeforeInputLayer(chainer.FunctionHook):
+    """Before the input-side layer's backward, waits until ``seen()`` is
+    true (at most WAIT_SECONDS) and records whether it became so."""
 
-    name = 'WaitForOutputLayer'
+    name = 'WaitBeforeInputLayer'
 
-    def __init__(self, model, before):
+    def __init__(self, model, seen):
         self.input_weight = model.predictor[0].W
-        self.output_weight = model.predictor[-1].W
-        self.before = before
-        self.seen_changed = None
+        self.seen = seen
+        self.seen_in_time = None
 
     def backward_preprocess(self, function, in_data, out_grad):
         if not any(node is self.input_weight.node
@@ -56,38 +54,11 @@ class WaitForOutputLayer(chainer.FunctionHook):
             return
         deadline = time.monotonic() + WAIT_SECONDS
         while time.monotonic() < deadline:
-            if not numpy.array_equal(self.output_weight.array, self.before):
-                self.seen_changed = True
+            if self.seen():
+                self.seen_in_time = True
                 return
             time.sleep(0.005)
-        self.seen_changed = False
-
-
-class WaitForPublish(chainer.FunctionHook):
-    """Before the input-side layer's backward, waits until the timeline
-    shows a chunk of this iteration sent to the device (at most
-    WAIT_SECONDS) and records whether it did."""
-
-    name = 'WaitForPublish'
-
-    def __init__(self, model, timeline, iteration):
-        self.input_weight = model.predictor[0].W
-        self.timeline = timeline
-        self.iteration = iteration
-        self.seen_published = None
-
-    def backward_preprocess(self, function, in_data, out_grad):
-        if not any(node is self.input_weight.node
-                   for node in function.inputs):
-            return
-        deadline = time.monotonic() + WAIT_SECONDS
-        while time.monotonic() < deadline:
-            if any(event.kind == 'h2d' for event in
-                   self.timeline.events_of(self.iteration)):
-                self.seen_published = True
-                return
-            time.sleep(0.005)
-        self.seen_published = False
+        self.seen_in_time = False
 
 
 def make_model(seed=0):
@@ -110,11 +81,14 @@ def check_overlap(comm, lines):
         chainer.optimizers.SGD(0.1), comm, chunk_size=1, timeline=timeline)
     optimizer.setup(model)
     optimizer.update(model, *batch(comm.rank, 0))  # broadcasts, no step
-    before = model.predictor[-1].W.array.copy()
-    hook = WaitForOutputLayer(model, before)
+    output_weight = model.predictor[-1].W
+    before = output_weight.array.copy()
+    # The output-side layer's new weights are in the model.
+    hook = WaitBeforeInputLayer(model, lambda: not numpy.array_equal(
+        output_weight.array, before))
     with hook:
         optimizer.update(model, *batch(comm.rank, 1))
-    assert hook.seen_changed is True, hook.seen_changed
+    assert hook.seen_in_time is True, hook.seen_in_time
     backward = [e for e in timeline.events_of(1) if e.kind == 'backward']
     assert sorted(e.chunk for e in backward) == list(range(N_LAYERS)), \
         backward
@@ -147,10 +121,12 @@ def check_device_overlap(comm, lines):
     optimizer.setup(model)
     optimizer.update(model, *batch(comm.rank, 0))  # broadcasts, no step
     assert optimizer.shares_node_host
-    hook = WaitForPublish(model, timeline, 1)
+    # A chunk of this iteration was sent to the device.
+    hook = WaitBeforeInputLayer(model, lambda: any(
+        event.kind == 'h2d' for event in timeline.events_of(1)))
     with hook:
         optimizer.update(model, *batch(comm.rank, 1))
-    assert hook.seen_published is True, hook.seen_published
+    assert hook.seen_in_time is True, hook.seen_in_time
     published = [e for e in timeline.events_of(1) if e.kind == 'h2d']
     assert sorted(e.chunk for e in published) == list(range(N_LAYERS)), \
         published
