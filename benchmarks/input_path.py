@@ -27,6 +27,7 @@ from chainer.training import updaters
 import numpy
 
 import cgdp_chainer
+from cgdp_chainer import allocator
 
 
 class SmallConvNet(chainer.Chain):
@@ -120,6 +121,9 @@ def main(argv=None):
                         help="the CGDP replica's (default: CGDP's, all "
                         'cores for one replica)')
     args = parser.parse_args(argv)
+    # StandardUpdater computes in this process: it allocates as CGDP's
+    # worker processes do (see cgdp_chainer.allocator).
+    allocator.keep_freed_memory()
     # Each updater with the augmentation and without: what the input adds
     # to an iteration of each tells the overlap apart from CGDP's own
     # per-iteration cost on the model.

@@ -35,6 +35,7 @@ import warnings
 
 import numpy
 
+from cgdp_chainer import allocator
 from cgdp_chainer import blas
 from cgdp_chainer import devices as devices_module
 from cgdp_chainer.runtime.transport import buffers
@@ -758,6 +759,8 @@ class _WorkerServer(object):
             None if devices_module.is_gpu(self.device) else
             init.blas_threads)
         self._blas.__enter__()  # for the life of the process
+        # The step's temporaries reuse the pages the last step freed.
+        allocator.keep_freed_memory()
         self.master_arena = shared.SharedArena.attach(init.master_layout)
         self.slot_arena = shared.SharedArena.attach(init.slot_layout)
         master_buffer = self.master_arena.arrays['flat']
