@@ -16,6 +16,7 @@ import _common  # first: it imports cgdp_chainer, whose compat module
 # must run before Chainer is imported
 
 import chainer  # NOQA: E402
+import numpy  # NOQA: E402
 
 from cgdp_chainer import CGDPUpdater  # NOQA: E402
 
@@ -25,6 +26,11 @@ import semantics_models  # NOQA: E402
 
 
 def first_update(comm, sum_loss, noisy=False):
+    if noisy:
+        # F.gaussian draws from NumPy's global state: seeded, the noise
+        # the reduction finder sees is the same in every run (unseeded, a
+        # rare draw left a rank undecided and the job failed).
+        numpy.random.seed(100 + comm.Get_rank())
     model = semantics_models.NoisyLoss(sum_loss) if noisy else \
         semantics_models.CountingClassifier(sum_loss)
     optimizer = chainer.optimizers.SGD()
