@@ -17,8 +17,8 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # anew.
 STEPS = '''
 import resource, sys
+from cgdp_chainer import allocator  # first: lets Chainer import on NumPy 2
 import chainer, chainer.functions as F, chainer.links as L, numpy
-from cgdp_chainer import allocator
 applied = allocator.keep_freed_memory()
 model = L.Classifier(chainer.Sequential(
     L.Convolution2D(3, 16, 3, pad=1), F.relu,
