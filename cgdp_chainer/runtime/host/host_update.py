@@ -213,28 +213,34 @@ def _numpy_gradient(buf, n, blk, p, slots, n_slots, weights, weighted, codes,
     return g
 
 
-def _numpy_sgd(p, slots, n_slots, weights, weighted, codes, args, gout,
-                write_g, begin, end,
-               lr):
+def _gradient_blocks(p, slots, n_slots, weights, weighted, codes, args, gout,
+                     write_g, begin, end):
+    """The NumPy kernels' loop: yields ``(buf, n, blk, g)`` per block of
+    ``[begin, end)``, ``g`` the block's gradient (see
+    :func:`_numpy_gradient`) in ``buf``'s scratch."""
     buf = _NumpyBlocks()
     for start in range(begin, end, NUMPY_BLOCK):
         n = min(NUMPY_BLOCK, end - start)
         blk = slice(start, start + n)
-        g = _numpy_gradient(buf, n, blk, p, slots, n_slots, weights,
-                            weighted, codes, args, gout, write_g)
+        yield buf, n, blk, _numpy_gradient(
+            buf, n, blk, p, slots, n_slots, weights, weighted, codes, args,
+            gout, write_g)
+
+
+def _numpy_sgd(p, slots, n_slots, weights, weighted, codes, args, gout,
+               write_g, begin, end, lr):
+    for buf, n, blk, g in _gradient_blocks(
+            p, slots, n_slots, weights, weighted, codes, args, gout, write_g,
+            begin, end):
         numpy.multiply(g, lr, out=g)
         numpy.subtract(p[blk], g, out=p[blk])
 
 
 def _numpy_momentum(p, slots, n_slots, weights, weighted, codes, args, gout,
-                write_g, begin,
-                    end, v, lr, momentum):
-    buf = _NumpyBlocks()
-    for start in range(begin, end, NUMPY_BLOCK):
-        n = min(NUMPY_BLOCK, end - start)
-        blk = slice(start, start + n)
-        g = _numpy_gradient(buf, n, blk, p, slots, n_slots, weights,
-                            weighted, codes, args, gout, write_g)
+                    write_g, begin, end, v, lr, momentum):
+    for buf, n, blk, g in _gradient_blocks(
+            p, slots, n_slots, weights, weighted, codes, args, gout, write_g,
+            begin, end):
         vb, t = buf.u[:n], buf.t[:n]
         numpy.multiply(v[blk], momentum, out=vb)
         numpy.multiply(g, lr, out=t)
@@ -243,14 +249,10 @@ def _numpy_momentum(p, slots, n_slots, weights, weighted, codes, args, gout,
 
 
 def _numpy_nesterov(p, slots, n_slots, weights, weighted, codes, args, gout,
-                write_g, begin,
-                    end, v, lr, momentum, k_v, k_g):
-    buf = _NumpyBlocks()
-    for start in range(begin, end, NUMPY_BLOCK):
-        n = min(NUMPY_BLOCK, end - start)
-        blk = slice(start, start + n)
-        g = _numpy_gradient(buf, n, blk, p, slots, n_slots, weights,
-                            weighted, codes, args, gout, write_g)
+                    write_g, begin, end, v, lr, momentum, k_v, k_g):
+    for buf, n, blk, g in _gradient_blocks(
+            p, slots, n_slots, weights, weighted, codes, args, gout, write_g,
+            begin, end):
         vb, t = buf.u[:n], buf.t[:n]
         numpy.multiply(v[blk], momentum, out=vb)
         numpy.multiply(g, lr, out=t)
@@ -267,12 +269,9 @@ def _numpy_adam(p, slots, n_slots, weights, weighted, codes, args, gout,
                 write_g, begin, end,
                 m, v, vhat, c1, c2, alpha_t, eps, amsgrad, adabound, lower,
                 upper, decay, a, b):
-    buf = _NumpyBlocks()
-    for start in range(begin, end, NUMPY_BLOCK):
-        n = min(NUMPY_BLOCK, end - start)
-        blk = slice(start, start + n)
-        g = _numpy_gradient(buf, n, blk, p, slots, n_slots, weights,
-                            weighted, codes, args, gout, write_g)
+    for buf, n, blk, g in _gradient_blocks(
+            p, slots, n_slots, weights, weighted, codes, args, gout, write_g,
+            begin, end):
         t, u = buf.t[:n], buf.u[:n]
         mb, vb = m[blk], v[blk]
         numpy.subtract(g, mb, out=t)
