@@ -15,7 +15,7 @@ import pytest
 from benchmarks import gpu_anyloop
 from cgdp_chainer import mpi as cgdp_mpi
 from test_mpi import mpiexec  # NOQA: F401  (the fixture)
-from cli_checks import assert_usage_error
+from cli_checks import BAD_SIZES_AND_ROUNDS, assert_usage_error
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NET = 'models.examples:tiny'
@@ -170,16 +170,7 @@ def test_a_named_mpiexec_that_is_missing_ends_the_ranks_part(
         str(error.value)
 
 
-@pytest.mark.parametrize('args, words', [
-    (['--batches', '0'], 'positive'),
-    (['--batches', ','], 'no batch size'),
-    (['--nets', 'nosuchnet'], 'nosuchnet'),
-    (['--nets', 'alexnet', '--image-size', '8'], 'alexnet'),
-    (['--device', '@nosuch'], '@nosuch'),
-    (['--device', '@numpy,@numpy'], 'one device'),
-    (['--iterations', '0'], 'positive'),
-    (['--rounds', '-1'], '-1'),
-    (['--warmup', 'x'], 'x'),
+@pytest.mark.parametrize('args, words', BAD_SIZES_AND_ROUNDS + [
     (['--ranks', '0'], 'positive'),
     (['--ranks', ','], 'no rank count'),
     (['--out', '/proc/benchmarks_gpu_anyloop'], '--out'),

@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks import gpu
 from benchmarks import gpu_model
-from cli_checks import assert_usage_error
+from cli_checks import BAD_SIZES_AND_ROUNDS, assert_usage_error
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NET = 'models.examples:tiny'
@@ -135,17 +135,7 @@ def test_model_predicts_scaling_from_the_measured_link(tiny_run):
         list(gpu_model.SCALING_DEVICES)
 
 
-@pytest.mark.parametrize('args, words', [
-    (['--batches', '0'], 'positive'),
-    (['--batches', '64,x'], 'x'),
-    (['--batches', ','], 'no batch size'),
-    (['--nets', 'nosuchnet'], 'nosuchnet'),
-    (['--nets', 'alexnet', '--image-size', '8'], 'alexnet'),
-    (['--device', '@nosuch'], '@nosuch'),
-    (['--device', '@numpy,@numpy'], 'one device'),
-    (['--iterations', '0'], 'positive'),
-    (['--rounds', '-1'], '-1'),
-    (['--warmup', 'x'], 'x'),
+@pytest.mark.parametrize('args, words', BAD_SIZES_AND_ROUNDS + [
     (['--out', '/proc/benchmarks_gpu'], '--out'),
 ])
 def test_bad_options_exit_2_with_one_line(args, words):
