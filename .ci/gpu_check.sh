@@ -249,37 +249,29 @@ if [ "$single_budget" -gt 0 ]; then
 fi
 
 # 3. the GPU benchmark and the cost model's check -------------------------------
+# run_benchmark NAME BUDGET TITLE MODULE [ARG...]: python -m MODULE ARG...
+# --out $WORK/NAME, its output in NAME.txt and, under TITLE, the summary.
+run_benchmark() {
+    local name=$1 budget=$2 title=$3 module=$4 code
+    shift 4
+    timeout "$budget" "$PYTHON" -m "$module" "$@" --out "$WORK/$name" \
+        > "$WORK/$name.txt" 2>&1
+    code=$?
+    worst $code
+    cat "$WORK/$name.txt"
+    {
+        echo "$title: exit $code"
+        grep -v '^  (' "$WORK/$name.txt"
+    } >> "$WORK/summary.txt"
+}
 if [ "$benchmark_budget" -gt 0 ]; then
-timeout "$benchmark_budget" "$PYTHON" -m benchmarks.gpu \
-    --out "$WORK/gpu_benchmark" > "$WORK/gpu_benchmark.txt" 2>&1
-benchmark=$?
-worst $benchmark
-cat "$WORK/gpu_benchmark.txt"
-{
-    echo "gpu benchmark: exit $benchmark"
-    grep -v '^  (' "$WORK/gpu_benchmark.txt"
-} >> "$WORK/summary.txt"
-
-timeout "$anyloop_budget" "$PYTHON" -m benchmarks.gpu_anyloop --batches 64 \
-    --out "$WORK/gpu_anyloop" > "$WORK/gpu_anyloop.txt" 2>&1
-anyloop=$?
-worst $anyloop
-cat "$WORK/gpu_anyloop.txt"
-{
-    echo "gpu anyloop benchmark: exit $anyloop"
-    grep -v '^  (' "$WORK/gpu_anyloop.txt"
-} >> "$WORK/summary.txt"
-
-timeout "$anyloop_ranks_budget" "$PYTHON" -m benchmarks.gpu_anyloop \
-    --ranks 2 --nets alexnet --batches 64 --out "$WORK/gpu_anyloop_ranks" \
-    > "$WORK/gpu_anyloop_ranks.txt" 2>&1
-anyloop_ranks=$?
-worst $anyloop_ranks
-cat "$WORK/gpu_anyloop_ranks.txt"
-{
-    echo "gpu anyloop benchmark, 2 ranks on one GPU: exit $anyloop_ranks"
-    grep -v '^  (' "$WORK/gpu_anyloop_ranks.txt"
-} >> "$WORK/summary.txt"
+    run_benchmark gpu_benchmark "$benchmark_budget" 'gpu benchmark' \
+        benchmarks.gpu
+    run_benchmark gpu_anyloop "$anyloop_budget" 'gpu anyloop benchmark' \
+        benchmarks.gpu_anyloop --batches 64
+    run_benchmark gpu_anyloop_ranks "$anyloop_ranks_budget" \
+        'gpu anyloop benchmark, 2 ranks on one GPU' \
+        benchmarks.gpu_anyloop --ranks 2 --nets alexnet --batches 64
 fi
 
 # 4. weak scaling on GPUs -----------------------------------------------------
