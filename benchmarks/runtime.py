@@ -75,7 +75,6 @@ import numpy
 import cgdp_chainer
 from cgdp_chainer.runtime.host import accumulator as accumulator_module
 from cgdp_chainer.runtime.host import master as master_module
-from cgdp_chainer import allocator
 from cgdp_chainer import blas
 from cgdp_chainer import mpi as cgdp_mpi
 from cgdp_chainer.runtime.transport import buffers
@@ -155,8 +154,8 @@ def _iteration_times(updater, iterations, warmup):
 def _standard_alone(net, batch, image_size, iterations, warmup, barrier,
                     results):
     """One StandardUpdater with one BLAS thread (runs in its own process,
-    whose allocator keeps freed memory as CGDP's workers' does)."""
-    allocator.keep_freed_memory()
+    whose allocator keeps freed memory as CGDP's workers' does: importing
+    this module imports experiments.cli, which sets it)."""
     with blas.BlasLimit(1):
         model = models.Classifier(models.get_model(net, seed=0))
         updater = _updater('standard', model, 1, batch, image_size)
