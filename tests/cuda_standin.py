@@ -12,14 +12,77 @@ cover, sees the wrong bytes, as it would on a GPU.
 Pass ``device_copies=HostDeviceCopies`` to
 ``cgdp_chainer.create_multi_node_optimizer`` to train a '@numpy' model
 through the GPU path (host shadow, ``ChunkedCudaTransfer``, copies).
+
+What costs a GPU replica time is counted as it is issued
+(:attr:`HostDeviceCopies.log`): every host-device copy, whether its host
+side is page-locked (a buffer of :meth:`HostDeviceCopies.pinned_buffer`)
+or pageable (which CUDA copies synchronously, through a bounce buffer, at
+a seventh of the bandwidth), on which stream and from which thread; and
+every wait that blocks the host (an event's or a stream's
+``synchronize()``, a pageable copy). :class:`StandinDevice` is the
+replica's device: what Chainer sends to it (``device.send``) is such a
+pageable copy on the caller's stream.
 """
+import collections
 import contextlib
 import threading
+import weakref
 
+import chainer
 import numpy
 
 from cgdp_chainer.runtime.transport import buffers
 from cgdp_chainer.runtime.transport import cuda_transfer
+
+
+Copy = collections.namedtuple(
+    'Copy', ('kind', 'pageable', 'stream', 'thread', 'nbytes'))
+Copy.__doc__ = """One host-device copy as issued.
+
+Attributes:
+    kind (str): ``'h2d'`` or ``'d2h'``.
+    pageable (bool): Its host side is not page-locked memory.
+    stream: The stream it was issued on (the stand-in's compute stream
+        for the caller's own order).
+    thread (int): ``threading.get_ident()`` of the issuing thread.
+    nbytes (int): Its size.
+"""
+
+Wait = collections.namedtuple('Wait', ('what', 'thread'))
+Wait.__doc__ = """A wait that blocked the host: ``what`` is ``'event'``,
+``'stream'`` or ``'pageable copy'``; ``thread`` the waiting thread."""
+
+# (start, stop) addresses of the page-locked buffers alive, each listed
+# until its memory is freed.
+_PINNED = {}
+_PINNED_LOCK = threading.Lock()
+
+
+def _address(array):
+    return array.__array_interface__['data'][0]
+
+
+def _register_pinned(buffer):
+    owner = buffer if buffer.base is None else buffer.base
+    key = object()
+    with _PINNED_LOCK:
+        _PINNED[key] = (_address(buffer), _address(buffer) + buffer.nbytes)
+    weakref.finalize(owner, _forget_pinned, key)
+
+
+def _forget_pinned(key):
+    with _PINNED_LOCK:
+        _PINNED.pop(key, None)
+
+
+def is_pinned(array):
+    """Whether ``array`` lies in a buffer of
+    :meth:`HostDeviceCopies.pinned_buffer`."""
+    start = _address(array)
+    stop = start + array.nbytes
+    with _PINNED_LOCK:
+        return any(low <= start and stop <= high
+                   for low, high in _PINNED.values())
 
 
 class _CopyStream(object):
@@ -52,6 +115,8 @@ class _CopyStream(object):
 class _ComputeStream(object):
     """The caller's program order: work runs when it is issued."""
 
+    done = 0
+
     def append(self, item):
         item()
         return 0
@@ -61,12 +126,25 @@ class _ComputeStream(object):
 
 
 class _Event(object):
-    def __init__(self, stream, position):
+    """A point in a stream's work; ``synchronize()`` is the host's wait
+    (counted), :meth:`reach` a stream's (not)."""
+
+    def __init__(self, stream, position, waited):
         self.stream = stream
         self.position = position
+        self._waited = waited
+
+    @property
+    def done(self):
+        """Whether the work before it ran (CUDA's event query: no wait)."""
+        return self.stream.done >= self.position
+
+    def reach(self):
+        self.stream.run_until(self.position)
 
     def synchronize(self):
-        self.stream.run_until(self.position)
+        self._waited('event')
+        self.reach()
 
 
 class HostDeviceCopies(object):
@@ -74,6 +152,10 @@ class HostDeviceCopies(object):
 
     Args:
         device (chainer.backend.Device): The model's device ('@numpy').
+
+    Attributes:
+        log (list): :class:`Copy` and :class:`Wait` records, in issue
+            order (:meth:`take_log` empties it).
     """
 
     def __init__(self, device=None):
@@ -81,10 +163,25 @@ class HostDeviceCopies(object):
         self.compute = _ComputeStream()
         self.copy_streams = []
         self.issued = {'d2h': 0, 'h2d': 0}
+        self.log = []
         self._lock = threading.Lock()
+
+    def take_log(self):
+        """The records since the last call."""
+        with self._lock:
+            log, self.log = self.log, []
+        return log
+
+    def _waited(self, what):
+        with self._lock:
+            self.log.append(Wait(what, threading.get_ident()))
 
     def device_scope(self):
         return contextlib.nullcontext()
+
+    def is_device_array(self, array):
+        """The stand-in device's arrays are NumPy's."""
+        return isinstance(array, numpy.ndarray)
 
     def new_stream(self):
         stream = _CopyStream()
@@ -98,26 +195,40 @@ class HostDeviceCopies(object):
         return numpy.zeros(n_bytes, numpy.uint8)
 
     def pinned_buffer(self, n_bytes):
-        return buffers.host_buffer(n_bytes)
+        buffer = buffers.host_buffer(n_bytes)
+        _register_pinned(buffer)
+        return buffer
 
-    def _issue(self, kind, stream, source, destination):
+    def _issue(self, kind, stream, host, source, destination):
+        pageable = not is_pinned(host)
         with self._lock:
             self.issued[kind] += 1
+            self.log.append(Copy(kind, pageable, stream,
+                                 threading.get_ident(), host.nbytes))
+        if pageable:  # CUDA returns once the bytes have left the host
+            self._waited('pageable copy')
         stream.append(lambda: numpy.copyto(destination, source))
 
     def d2h(self, source, destination, stream):
-        self._issue('d2h', stream, source, destination)
+        self._issue('d2h', stream, destination, source, destination)
 
     def h2d(self, source, destination, stream):
-        self._issue('h2d', stream, source, destination)
+        self._issue('h2d', stream, source, source, destination)
+
+    def send_pageable(self, array):
+        """What ``cupy.asarray`` of a host array does on the caller's
+        stream: a copy from pageable memory, the host waiting for it."""
+        device_array = numpy.empty_like(array)
+        self._issue('h2d', self.compute, array, array, device_array)
+        return device_array
 
     def record(self, stream):
         if isinstance(stream, _ComputeStream):
-            return _Event(stream, 0)
-        return _Event(stream, stream.end())
+            return _Event(stream, 0, self._waited)
+        return _Event(stream, stream.end(), self._waited)
 
     def wait(self, stream, event):
-        stream.append(event.synchronize)
+        stream.append(event.reach)
 
     def gather(self, destination, grads, sizes):
         grads = list(grads)
@@ -128,5 +239,26 @@ class HostDeviceCopies(object):
         return self.record(stream)
 
     def synchronize(self, stream):
+        self._waited('stream')
         if isinstance(stream, _CopyStream):
             stream.run_until(stream.end())
+
+
+class StandinDevice(chainer.backend.CpuDevice):
+    """A replica's device in the stand-in: it computes with NumPy, and an
+    array Chainer sends to it (``device.send``) is a pageable copy on the
+    caller's stream, logged by ``copies`` as ``cupy.asarray`` would cost
+    it.
+
+    Args:
+        copies (HostDeviceCopies): Logs the copies.
+    """
+
+    def __init__(self, copies):
+        super(StandinDevice, self).__init__()
+        self.copies = copies
+
+    def send_array(self, array):
+        if isinstance(array, numpy.ndarray):
+            return self.copies.send_pageable(array)
+        return super(StandinDevice, self).send_array(array)

@@ -364,8 +364,10 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         results, seconds = self._run_replicas(batch, forming, in_loop,
                                               edited)
         self._keep_persistents(results[0])
-        self._report([r.observation for r in results], batch.counts,
-                     first_reports)
+        # A GPU replica's values were copied to the host on its copy
+        # stream, before its gradients, which the host has waited for.
+        self._report([observations.settled(r.observation) for r in results],
+                     batch.counts, first_reports)
         self._settle_chunking(results, forming, seconds)
         if self.auto_new_epoch and self.get_iterator('main').is_new_epoch:
             self.get_optimizer('main').new_epoch(auto=True)

@@ -816,8 +816,8 @@ class _WorkerServer(object):
             job, description = item
             self.abort.clear()
             try:
-                # A GPU replica sends its share to the device at once:
-                # views of the segment save a pass over it.
+                # A GPU replica stages its share into page-locked memory
+                # at once: views of the segment save a pass over it.
                 in_arrays = self.batches.read(
                     description, copy=not self.transfer.is_gpu)
                 result = self.worker.run(job, in_arrays)

@@ -22,6 +22,7 @@ Integers stay exact: a sum of integers is an integer; a mean of integers is
 one when it is a whole number, else a float.
 """
 import collections
+import collections.abc
 import numbers
 import random
 
@@ -88,25 +89,147 @@ class VariableValue(object):
         return (VariableValue, (self.array,))
 
 
-def portable(value):
+def portable(value, host_arrays=None):
     """A replica's reported value as it leaves the replica: a ``Variable``
     as a :class:`VariableValue`, device arrays in host memory, arrays copied
     (the replica may write them in the next iteration); the rest as it is.
 
     Args:
         value: What the model reported.
+        host_arrays (dict or None): ``id(device array)`` -> its values
+            already copied to the host (see :func:`device_arrays`); None:
+            each device array is copied now, the host waiting for it.
     """
     if isinstance(value, chainer.Variable):
         return VariableValue(numpy.array(
-            chainer.backends.cuda.to_cpu(value.array), copy=True))
+            _to_host(value.array, host_arrays), copy=True))
+    if host_arrays is not None and id(value) in host_arrays:
+        return host_arrays[id(value)].copy()
     if isinstance(value, numpy.ndarray):
         return value.copy()
-    if not isinstance(value, numpy.generic) and hasattr(value, 'shape') \
-            and hasattr(value, 'dtype'):
-        return chainer.backends.cuda.to_cpu(value)
+    if _is_device_array(value):
+        return numpy.array(_to_host(value, host_arrays), copy=True)
     if type(value) is tuple:
-        return tuple(portable(item) for item in value)
+        return tuple(portable(item, host_arrays) for item in value)
     return value
+
+
+def _is_device_array(value):
+    return not isinstance(value, (numpy.ndarray, numpy.generic)) and \
+        hasattr(value, 'shape') and hasattr(value, 'dtype')
+
+
+def _to_host(array, host_arrays):
+    if host_arrays is not None and id(array) in host_arrays:
+        return host_arrays[id(array)]
+    return chainer.backends.cuda.to_cpu(array)
+
+
+def device_arrays(value, is_device):
+    """The arrays of a reported value that :func:`portable` would copy from
+    a device (in order, each once).
+
+    Args:
+        value: What the model reported.
+        is_device (callable): ``is_device(array)``: whether ``array`` is
+            in the replica's device memory.
+    """
+    found = {}
+
+    def visit(item):
+        if isinstance(item, chainer.Variable):
+            item = item.array
+        if hasattr(item, 'shape') and not isinstance(item, numpy.generic) \
+                and is_device(item):
+            found.setdefault(id(item), item)
+        elif type(item) is tuple:
+            for part in item:
+                visit(part)
+
+    visit(value)
+    return list(found.values())
+
+
+class PendingObservation(collections.abc.Mapping):
+    """A GPU replica's reported values while their copies to the host run.
+
+    The copies were started on the replica's copy stream (see
+    ``ChunkedCudaTransfer.read_back``). Read as a mapping (or
+    :func:`settled`), it is what :func:`portable` gives of each value,
+    waiting only for copies not yet done: none, once the host has waited
+    for the gradients that followed them on that stream. Pickled, it is
+    that dict.
+
+    Args:
+        read_back (callable): ``read_back(device arrays)`` starts their
+            copies: returns ``(host arrays, event)``.
+        is_device (callable): ``is_device(array)``: whether ``array`` is
+            in the replica's device memory.
+    """
+
+    def __init__(self, read_back, is_device):
+        self._read_back = read_back
+        self._is_device = is_device
+        self._values = {}
+        self._host_arrays = {}
+        self._events = []
+        self._order = []
+        self._settled = None
+
+    def take(self, observation):
+        """Starts the copies of the values reported so far that are not on
+        their way yet (a value reported again is read again)."""
+        arrays = []
+        for key, value in observation.items():
+            if key in self._values and self._values[key] is value:
+                continue
+            self._values[key] = value
+            arrays.extend(array for array in device_arrays(
+                value, self._is_device) if id(array) not in self._host_arrays)
+        self._order = list(observation)
+        self._settled = None
+        if not arrays:
+            return
+        hosts, copied = self._read_back(arrays)
+        for array, host in zip(arrays, hosts):
+            self._host_arrays[id(array)] = host
+        self._events.append(copied)
+
+    def settled(self):
+        """The observation as :func:`portable` makes it, in host memory.
+
+        Returns:
+            dict: Key -> portable value, in the order reported.
+        """
+        if self._settled is None:
+            for event in self._events:
+                if not getattr(event, 'done', False):
+                    event.synchronize()
+            self._events = []
+            self._settled = {
+                key: portable(self._values[key], self._host_arrays)
+                for key in self._order}
+        return self._settled
+
+    def __getitem__(self, key):
+        return self.settled()[key]
+
+    def __iter__(self):
+        return iter(self.settled())
+
+    def __len__(self):
+        return len(self._order)
+
+    def __reduce__(self):
+        return (dict, (self.settled(),))
+
+
+def settled(observation):
+    """A replica's observation in host memory: a
+    :class:`PendingObservation` settled, a dict as it is."""
+    if isinstance(observation, PendingObservation):
+        return observation.settled()
+    return observation
 
 
 def _numeric(value):

@@ -30,6 +30,7 @@ from cgdp_chainer.runtime.replica import observations
 from cgdp_chainer.runtime.replica import readiness
 from cgdp_chainer.runtime.transport import shared
 from cgdp_chainer.runtime.replica import static_graph_models
+from cgdp_chainer.runtime.transport import input_staging
 
 Job = collections.namedtuple(
     'Job', ('iteration', 'seed', 'plan', 'fingerprint', 'record_events',
@@ -89,11 +90,14 @@ IterationResult = collections.namedtuple(
 IterationResult.__doc__ = """What a replica hands back after an iteration.
 
 Attributes:
-    observation (dict): Reported values (``main/loss``, ...) as the model
-        reported them, made portable by
+    observation (dict or PendingObservation): Reported values
+        (``main/loss``, ...) as the model reported them, made portable by
         :func:`~cgdp_chainer.runtime.replica.observations.portable` (a Variable as
-        a ``VariableValue``, arrays in host memory); the updater combines
-        them (:func:`~cgdp_chainer.runtime.replica.observations.combine_all`).
+        a ``VariableValue``, arrays in host memory); a GPU replica's are
+        still being copied to the host, on its copy stream ahead of its
+        gradients (:func:`~cgdp_chainer.runtime.replica.observations.settled`
+        gives the dict; pickled, it is the dict). The updater combines them
+        (:func:`~cgdp_chainer.runtime.replica.observations.combine_all`).
     events (list): ``(kind, chunk, start, end)``, ``time.perf_counter``
         seconds (one monotonic clock for every process on the machine).
     persistents (dict or None): The replica's persistent values, if asked.
@@ -181,13 +185,18 @@ class ReplicaWorker(object):
         self.reporter = chainer.Reporter()
         self.reporter.add_observer('main', replica)
         self.reporter.add_observers('main', replica.namedlinks(skipself=True))
+        # A GPU replica's shares go to its device from page-locked memory
+        # on a stream of their own.
+        self.inputs = input_staging.InputStaging(transfer.copies) \
+            if transfer.is_gpu else None
 
     def run(self, job, in_arrays):
         """One iteration on this replica's share of the batch.
 
         Args:
             job (Job): The iteration's plan.
-            in_arrays: The converted sub-batch, in host memory.
+            in_arrays: The converted sub-batch, in host memory (or, for a
+                GPU replica, already staged by :attr:`inputs`).
 
         Returns:
             IterationResult: Its observation, events, persistents and, when
@@ -217,32 +226,54 @@ class ReplicaWorker(object):
         clock = _Clock(job.record_events, self.transfer)
         replica = self.replica
         replica.cleargrads()
-        in_arrays = send_inputs(self.device, in_arrays)
+        staged = self._to_device(in_arrays)
         observation = {}
-        with _ConfigScope(job.config), _ReplicaScope(self.index), \
-                randomness.replica_streams(job.seed, self.device), \
-                self.reporter.scope(observation), \
-                chainer.using_config('enable_backprop', True), \
-                static_graph_models.define_by_run():
-            # Define-by-run, so that the readiness backward sees each
-            # parameter's last use (a static schedule's backward is one
-            # node); the values are the schedule's.
-            report = self._iterate(job, plan, in_arrays, clock, forming)
+        # A GPU replica's values start to the host with each hand-over,
+        # ahead of its gradients on the copy stream.
+        pending = observations.PendingObservation(
+            self.transfer.read_back, self.transfer.copies.is_device_array) \
+            if self.transfer.is_gpu else None
+        try:
+            with _ConfigScope(job.config), _ReplicaScope(self.index), \
+                    randomness.replica_streams(job.seed, self.device), \
+                    self.reporter.scope(observation), \
+                    chainer.using_config('enable_backprop', True), \
+                    static_graph_models.define_by_run():
+                # Define-by-run, so that the readiness backward sees each
+                # parameter's last use (a static schedule's backward is
+                # one node); the values are the schedule's.
+                report = self._iterate(
+                    job, plan, staged.on_device(), clock, forming,
+                    _reads(pending, observation))
+        finally:
+            staged.release()
         self._ran_chunks = plan.n_chunks
+        if pending is not None:
+            pending.take(observation)  # values reported after the last
         return IterationResult(
-            observation={key: observations.portable(value)
-                         for key, value in observation.items()},
+            observation=pending if pending is not None else {
+                key: observations.portable(value)
+                for key, value in observation.items()},
             events=clock.flush(),
             persistents=(save_persistents(replica)
                          if job.send_persistents else None),
             ready=report if forming else None,
             copies=self._copy_counts() if job.record_events else None)
 
+    def _to_device(self, in_arrays):
+        """The share on this replica's device: staged (a GPU replica's, if
+        not staged already), or sent as ``StandardUpdater`` sends it."""
+        if isinstance(in_arrays, input_staging.StagedInputs):
+            return in_arrays
+        if self.inputs is not None:
+            return self.inputs.stage(in_arrays)
+        return _Sent(send_inputs(self.device, in_arrays))
+
     def _copy_counts(self):
         take = getattr(self.transfer, 'take_counts', None)
         return None if take is None else dict(take())
 
-    def _iterate(self, job, plan, in_arrays, clock, forming):
+    def _iterate(self, job, plan, in_arrays, clock, forming, read_reports):
         self.host.check()
         for chunk in self._early:
             self.transfer.wait_params(chunk)
@@ -263,6 +294,7 @@ class ReplicaWorker(object):
             self.host.check()
             chunk = runtime_chunk(plan, index)
             clock.add('backward', chunk, started[0])
+            read_reports()
             ready = self.transfer.send_grads(plan.chunks[index])
             self.host.deliver(job.iteration, chunk, ready)
             started[0] = clock.stamp()
@@ -313,6 +345,28 @@ class ReplicaWorker(object):
             lambda index: self.transfer.wait_params(
                 runtime_chunk(plan, index)), uses=uses)
         self._hook.install()
+
+
+def _reads(pending, observation):
+    """What each hand-over calls: starts the copies of the values reported
+    so far (nothing for a host replica)."""
+    if pending is None:
+        return lambda: None
+    return lambda: pending.take(observation)
+
+
+class _Sent(object):
+    """A share sent to a host device (the interface of
+    :class:`~cgdp_chainer.runtime.transport.input_staging.StagedInputs`)."""
+
+    def __init__(self, in_arrays):
+        self._in_arrays = in_arrays
+
+    def on_device(self):
+        return self._in_arrays
+
+    def release(self):
+        pass
 
 
 class _Uses(object):

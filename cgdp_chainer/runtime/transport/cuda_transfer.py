@@ -18,6 +18,7 @@ import collections
 import math
 import threading
 
+import chainer
 import numpy
 
 from cgdp_chainer.runtime.transport import buffers
@@ -86,6 +87,10 @@ class CupyCopies(object):
     def device_scope(self):
         """A context in which the replica's GPU is the current device."""
         return self._cupy.cuda.Device(self.device_id)
+
+    def is_device_array(self, array):
+        """Whether ``array`` is in device memory (a CuPy array)."""
+        return isinstance(array, self._cupy.ndarray)
 
     def new_stream(self):
         """A copy stream that does not synchronize with the legacy one."""
@@ -303,6 +308,42 @@ class ChunkedCudaTransfer(object):
         if self._grad_staging is not None:
             return transfer_module.StagedCopy(copied, [(target, slot)])
         return copied
+
+    def read_back(self, arrays):
+        """Starts copying small device arrays (the values a replica
+        reported) into page-locked host memory, on the gradients' copy
+        stream, after the work issued so far on the compute stream.
+
+        Issued before a chunk's gradients, the copies are done once the
+        host has waited for that chunk's: reading them then waits for
+        nothing more.
+
+        Args:
+            arrays (list): Device arrays.
+
+        Returns:
+            tuple: ``(host arrays, event)``: page-locked arrays of the same
+            shapes and dtypes, which hold the values once ``event`` is
+            reached (see ``event.done``).
+        """
+        copies = self.copies
+        hosts = []
+        with copies.device_scope():
+            xp = chainer.backend.get_array_module(self.grad_buffer)
+            sources = [xp.ascontiguousarray(array) for array in arrays]
+            computed = copies.record(copies.current_stream())
+            self._count('event')
+            copies.wait(self.d2h_stream, computed)
+            for source in sources:
+                host = copies.pinned_buffer(max(source.nbytes, 1))[
+                    :source.nbytes].view(source.dtype).reshape(source.shape)
+                if source.nbytes:
+                    copies.d2h(source, host, self.d2h_stream)
+                    self._count('d2h')
+                hosts.append(host)
+            copied = copies.record(self.d2h_stream)
+            self._count('event')
+        return hosts, copied
 
     def _rebind(self, span):
         """Takes back into the device buffer any parameter of ``span``

@@ -227,10 +227,11 @@ class BatchReader(object):
             description (tuple): What :meth:`BatchBuffer.write` returned.
             copy (bool): Whether the arrays are copies (the replica computes
                 on them) or read-only views of the segment, for a GPU
-                replica, which sends them to its device at once: CuPy
-                copies them into pinned memory of its own before the
-                asynchronous copy, so that a private copy first would only
-                add a pass over the share. The views must be dropped before
+                replica, which packs them into page-locked memory of its
+                own at once for the copy to its device (see
+                :mod:`~cgdp_chainer.runtime.transport.input_staging`), so
+                that a private copy first would only add a pass over the
+                share. The views must be dropped before
                 the next :meth:`read`, which may map another segment.
         """
         name, size, structure, entries = description

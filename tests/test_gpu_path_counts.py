@@ -1,0 +1,342 @@
+"""What a GPU replica's iteration costs its host, counted per iteration on
+the CPU stand-in of CuPy's copies (tests/cuda_standin.py).
+
+A replica of the updater (:class:`ReplicaWorker` over a
+:class:`ChunkedCudaTransfer`) trains a small classifier on the stand-in's
+device; a host thread waits for each chunk's gradients and publishes it, as
+the host accumulator does. Counted per iteration, after the first:
+
+* pageable host-device copies: none (its share is staged in page-locked
+  memory; ``device.send`` of a host array is a pageable copy);
+* the share's copy: one, on a stream of its own (not the compute stream);
+* host-blocking waits: the hand-over's (one per chunk, in the host
+  thread), none in the replica's thread, and none to read the reported
+  values, whose copies ride ahead of the gradients on the copy stream.
+
+The reported values are what a replica on '@numpy' reports, in value and
+type. The first three tests fail on the code before the input staging and
+the reported values' read-back (1cc5d15): there, the share went by
+``device.send`` (two pageable copies on the compute stream, each a wait in
+the replica's thread) and the values by ``to_cpu`` (a wait for the compute
+stream on a GPU; on the stand-in, outside its counts, hence the third
+test's count of their copies).
+"""
+import collections
+import queue
+import threading
+
+import chainer
+import chainer.links as L
+import numpy
+import pytest
+
+import cuda_standin
+import staged_models
+
+from cgdp_chainer.runtime.replica import observations
+from cgdp_chainer.runtime.replica import random_streams
+from cgdp_chainer.runtime.replica import readiness
+from cgdp_chainer.runtime.replica import worker as worker_module
+from cgdp_chainer.runtime.transport import buffers
+from cgdp_chainer.runtime.transport import cuda_transfer
+from cgdp_chainer.runtime.transport import input_staging
+from cgdp_chainer.runtime.transport import transfer as transfer_module
+
+ITERATIONS = 4
+BATCH = 6
+
+
+class _WaitingHost(object):
+    """The host accumulator's part that the counts see: in a thread of its
+    own, waits for each delivered chunk's gradients, then publishes the
+    chunk back (the weights are the master's, unchanged)."""
+
+    def __init__(self, transfer):
+        self.transfer = transfer
+        self.chunk_names = None
+        self.thread_ids = set()
+        self._queue = queue.Queue()
+        self._done = threading.Semaphore(0)
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self):
+        self.thread_ids.add(threading.get_ident())
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            chunk, ready = item
+            self.transfer.wait_grads(ready)
+            if self.chunk_names is not None:
+                self.transfer.publish(chunk, self.chunk_names[chunk])
+            self._done.release()
+
+    def deliver(self, iteration, chunk, ready):
+        self._queue.put((chunk, ready))
+
+    def check(self):
+        pass
+
+    def wait(self, n_chunks):
+        for _ in range(n_chunks):
+            assert self._done.acquire(timeout=30), 'the host thread hangs'
+
+    def close(self):
+        self._queue.put(None)
+        self._thread.join(timeout=30)
+
+
+def _model():
+    return L.Classifier(staged_models.StagedMLP())
+
+
+def _batches():
+    data = staged_models.dataset(n=BATCH * ITERATIONS)
+    return [chainer.dataset.concat_examples(
+        data[i * BATCH:(i + 1) * BATCH]) for i in range(ITERATIONS)]
+
+
+class _Replica(object):
+    """A replica worker, its transfer and its host, on a device of either
+    kind: the stand-in GPU or '@numpy'."""
+
+    def __init__(self, gpu):
+        model = _model()
+        params = collections.OrderedDict(model.namedparams())
+        names = list(params)
+        if gpu:
+            self.copies = cuda_standin.HostDeviceCopies()
+            self.device = cuda_standin.StandinDevice(self.copies)
+            layout = buffers.FlatLayout.of_arrays(
+                {name: param.array for name, param in params.items()})
+            self.master = self.copies.pinned_buffer(layout.capacity)
+            buffers.place(layout, self.master,
+                          {name: p.array for name, p in params.items()})
+            self.transfer = cuda_transfer.ChunkedCudaTransfer(
+                layout, self.master, None, params, self.device,
+                copies=self.copies)
+        else:
+            self.copies = None
+            self.device = chainer.get_device('@numpy')
+            master_params = {name: chainer.Parameter(p.array.copy())
+                             for name, p in params.items()}
+            layout = buffers.FlatLayout.of_arrays(
+                {name: p.array for name, p in master_params.items()})
+            self.master = buffers.FlatMaster(
+                master_params, layout, buffers.host_buffer(layout.capacity))
+            self.transfer = transfer_module.HostResidentTransfer(
+                self.master, params)
+        self.layout = layout
+        self.host = _WaitingHost(self.transfer)
+        self.worker = worker_module.ReplicaWorker(
+            0, self.device, model, self.transfer, self.host)
+        self.streams = random_streams.ReplicaStreams([self.device], 'thread')
+        self.names = names
+        self.plan = None
+
+    def run(self, iteration, in_arrays):
+        """One iteration (the first forms a plan of one layer per chunk and
+        lays the buffers out by it)."""
+        forming = self.plan is None
+        job_plan, layout = None, None
+        if iteration == 1:
+            job_plan = self.plan
+            layout = self.layout
+        job = worker_module.Job(
+            iteration=iteration, seed=self.streams.seed(0, iteration),
+            plan=job_plan,
+            fingerprint=None if forming else self.plan.fingerprint,
+            record_events=False, send_persistents=False, persistents=None,
+            config=worker_module.caller_config(), loss_scale=None,
+            layout=layout)
+        result = self.worker.run(job, in_arrays)
+        n_chunks = 1 if forming else self.plan.n_chunks
+        self.host.wait(n_chunks)
+        if forming:
+            self.plan = readiness.ChunkPlan.from_ready_order(
+                result.ready.order, result.ready.unused, chunk_size=1)
+            self.host.chunk_names = worker_module.runtime_chunk_names(
+                self.plan)
+            self._relayout()
+        return result
+
+    def _relayout(self):
+        """The master's buffer in the plan's layer order, as the updater
+        lays it out once the plan is formed."""
+        layout = self.layout.reordered(buffers.layer_order(self.plan))
+        if isinstance(self.master, buffers.FlatMaster):
+            self.master.relayout(layout)
+        else:
+            values = {name: view.copy() for name, view in
+                      self.layout.views(self.master).items()}
+            buffers.place(layout, self.master, values)
+        self.layout = layout
+
+    def close(self):
+        self.host.close()
+        self.transfer.close()
+
+
+def _counts(log, replica_thread, host_threads):
+    """What one iteration's log holds, in the words of the issue."""
+    copies = [entry for entry in log if isinstance(entry, cuda_standin.Copy)]
+    waits = [entry for entry in log if isinstance(entry, cuda_standin.Wait)]
+    return {
+        'pageable copies': sum(copy.pageable for copy in copies),
+        'waits in the replica thread': sum(
+            wait.thread == replica_thread for wait in waits),
+        'waits in the host thread': sum(
+            wait.thread in host_threads for wait in waits),
+        'waits elsewhere': sum(
+            wait.thread != replica_thread and wait.thread not in host_threads
+            for wait in waits),
+    }
+
+
+def _steady_iterations(replica):
+    """Runs the iterations after the plan is taken; yields each one's
+    index, result, log and the share it ran on."""
+    batches = _batches()
+    replica.run(0, batches[0])
+    replica.run(1, batches[1])  # takes the plan and its layout
+    assert replica.plan.n_chunks > 2
+    for iteration in range(2, ITERATIONS):
+        replica.copies.take_log()
+        result = replica.run(iteration, batches[iteration])
+        observation = dict(result.observation)  # as the updater reads it
+        yield observation, replica.copies.take_log(), batches[iteration]
+
+
+def test_a_gpu_replicas_iteration_waits_only_for_the_hand_over():
+    replica = _Replica(gpu=True)
+    me = threading.get_ident()
+    try:
+        for observation, log, _ in _steady_iterations(replica):
+            assert isinstance(observation['main/loss'],
+                              observations.VariableValue)
+            assert _counts(log, me, replica.host.thread_ids) == {
+                'pageable copies': 0,
+                'waits in the replica thread': 0,
+                'waits in the host thread': replica.plan.n_chunks,
+                'waits elsewhere': 0}, log
+    finally:
+        replica.close()
+
+
+def test_the_share_is_one_copy_from_page_locked_memory_on_its_own_stream():
+    replica = _Replica(gpu=True)
+    transfer = replica.transfer
+    try:
+        for _, log, share in _steady_iterations(replica):
+            inputs = [entry for entry in log
+                      if isinstance(entry, cuda_standin.Copy) and
+                      entry.kind == 'h2d' and
+                      entry.stream is not transfer.h2d_stream]
+            assert len(inputs) == 1, inputs
+            copy, = inputs
+            assert not copy.pageable
+            assert copy.nbytes >= sum(array.nbytes for array in share)
+            assert copy.stream is not replica.copies.compute
+            assert copy.stream is not transfer.d2h_stream
+    finally:
+        replica.close()
+
+
+def test_reported_values_ride_ahead_of_the_gradients():
+    # Each reported array (the loss and the accuracy) leaves in a copy
+    # into page-locked memory on the copy stream, issued before the
+    # gradients' copies: once the host has waited for those, reading the
+    # values waits for nothing (checked by the first test's counts).
+    replica = _Replica(gpu=True)
+    try:
+        for observation, log, _ in _steady_iterations(replica):
+            out = [entry for entry in log
+                   if isinstance(entry, cuda_standin.Copy) and
+                   entry.kind == 'd2h']
+            assert all(copy.stream is replica.transfer.d2h_stream
+                       for copy in out)
+            assert not any(copy.pageable for copy in out)
+            reported = [copy.nbytes for copy in out[:2]]
+            assert reported == [4, 4], out  # two float32 scalars
+            assert len(out) == 2 + replica.plan.n_chunks, out
+    finally:
+        replica.close()
+
+
+def test_reported_values_equal_a_numpy_replicas_in_value_and_type():
+    gpu, cpu = _Replica(gpu=True), _Replica(gpu=False)
+    try:
+        batches = _batches()
+        for iteration in range(ITERATIONS):
+            actual = dict(gpu.run(iteration, batches[iteration]).observation)
+            expected = cpu.run(iteration, batches[iteration]).observation
+            assert list(actual) == list(expected)
+            for key, value in expected.items():
+                assert type(actual[key]) is type(value), key
+                if isinstance(value, observations.VariableValue):
+                    assert type(actual[key].array) is type(value.array)
+                    assert actual[key].array.dtype == value.array.dtype
+                    numpy.testing.assert_allclose(
+                        actual[key].array, value.array, rtol=1e-6)
+                else:
+                    numpy.testing.assert_allclose(actual[key], value,
+                                                  rtol=1e-6)
+        # Both trained on the same weights: the stand-in's copies ordered.
+        for (name, p), (_, q) in zip(sorted(gpu.worker.replica.namedparams()),
+                                     sorted(cpu.worker.replica.namedparams())):
+            numpy.testing.assert_array_equal(p.array, q.array, name)
+    finally:
+        gpu.close()
+        cpu.close()
+
+
+def test_a_pending_observation_pickles_as_the_settled_dict():
+    import pickle
+    replica = _Replica(gpu=True)
+    try:
+        batches = _batches()
+        pending = replica.run(0, batches[0]).observation
+        settled = pickle.loads(pickle.dumps(pending))
+        assert type(settled) is dict
+        assert isinstance(settled['main/loss'], observations.VariableValue)
+        assert settled['main/loss'].array.dtype == numpy.float32
+    finally:
+        replica.close()
+
+
+def test_a_staged_share_keeps_its_containers_and_values():
+    copies = cuda_standin.HostDeviceCopies()
+    staging = input_staging.InputStaging(copies)
+    share = {'x': numpy.arange(12, dtype=numpy.float32).reshape(3, 4),
+             'rest': (numpy.array([1, 2, 3], numpy.int32), 5, None,
+                      numpy.zeros((0, 2), numpy.float64))}
+    staged = staging.stage(share)
+    on_device = staged.on_device()
+    assert set(on_device) == {'x', 'rest'}
+    numpy.testing.assert_array_equal(on_device['x'], share['x'])
+    assert type(on_device['rest']) is tuple
+    numpy.testing.assert_array_equal(on_device['rest'][0], share['rest'][0])
+    assert on_device['rest'][0].dtype == numpy.int32
+    assert on_device['rest'][1:3] == (5, None)
+    assert on_device['rest'][3].shape == (0, 2)
+    # The device arrays are the staging's, not the caller's.
+    assert not numpy.shares_memory(on_device['x'], share['x'])
+    staged.release()
+
+
+@pytest.mark.parametrize('depth', [2, 3])
+def test_a_buffer_is_reused_only_after_its_iteration(depth):
+    # Staged shares ahead of their iterations keep their values: each
+    # of `depth` buffers holds one share until it is released.
+    copies = cuda_standin.HostDeviceCopies()
+    staging = input_staging.InputStaging(copies, depth=depth)
+    shares = [numpy.full(5, i, numpy.float32) for i in range(2 * depth)]
+    staged = [staging.stage(share) for share in shares[:depth]]
+    for i in range(depth, 2 * depth):
+        arrays = staged[i - depth].on_device()
+        numpy.testing.assert_array_equal(arrays, shares[i - depth])
+        staged[i - depth].release()
+        staged.append(staging.stage(shares[i]))
+    for i in range(depth, 2 * depth):
+        numpy.testing.assert_array_equal(staged[i].on_device(), shares[i])
