@@ -19,9 +19,14 @@ Run: mpiexec -n 2 python tests/mpi_scripts/optimizer_overlap.py
   copies, tests/cuda_standin.py) on the shared node host: a chunk's new
   weights start to the device (the node's ``h2d`` on the timeline) before
   the backward reaches the input-side layer.
+* Through the GPU path, on the shared node host and on a host per rank,
+  every update's host-to-device copies (a chunk's mean gradient and new
+  weights) are issued by the host's threads, chunk by chunk; none by the
+  caller's thread in ``update()``.
 """
 import os
 import sys
+import threading
 import time
 
 import _common  # first: it imports cgdp_chainer, whose compat module
@@ -106,13 +111,18 @@ def check_overlap(comm, lines):
     return model, optimizer
 
 
-def check_device_overlap(comm, lines):
-    """Through the GPU path on the node's shared host, the chunks the
-    backward has handed over go back to the device during it."""
+def _import_standin():
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if tests not in sys.path:
         sys.path.insert(0, tests)
     import cuda_standin
+    return cuda_standin
+
+
+def check_device_overlap(comm, lines):
+    """Through the GPU path on the node's shared host, the chunks the
+    backward has handed over go back to the device during it."""
+    cuda_standin = _import_standin()
     timeline = cgdp_chainer.Timeline()
     optimizer = cgdp_chainer.create_multi_node_optimizer(
         chainer.optimizers.SGD(0.1), comm, chunk_size=1, timeline=timeline,
@@ -133,6 +143,42 @@ def check_device_overlap(comm, lines):
     optimizer.close()
     lines.append('a device model\'s chunks published during the backward '
                  'on a node host')
+
+
+def check_device_copies_leave_the_callers_thread(comm, lines):
+    """Through the GPU path, each update's copies to the device are issued
+    by the host's threads as each chunk is done (two per chunk: its mean
+    gradient and its weights), on a shared node host and on a host per
+    rank; the caller's thread issues none."""
+    cuda_standin = _import_standin()
+    caller = threading.get_ident()
+    for options, shared in (({}, True), ({'node_host': False}, False)):
+        made = []
+
+        def copies(device):
+            made.append(cuda_standin.HostDeviceCopies(device))
+            return made[-1]
+
+        optimizer = cgdp_chainer.create_multi_node_optimizer(
+            chainer.optimizers.MomentumSGD(0.1), comm, chunk_size=1,
+            device_copies=copies, **options)
+        model = make_model()
+        optimizer.setup(model)
+        optimizer.update(model, *batch(comm.rank, 0))  # broadcasts
+        assert optimizer.shares_node_host is shared, options
+        standin, = made
+        for step in range(1, 4):
+            standin.take_log()
+            optimizer.update(model, *batch(comm.rank, step))
+            to_device = [entry for entry in standin.take_log()
+                         if isinstance(entry, cuda_standin.Copy) and
+                         entry.kind == 'h2d']
+            assert len(to_device) == 2 * N_LAYERS, (options, to_device)
+            assert [copy for copy in to_device
+                    if copy.thread == caller] == [], (options, to_device)
+        optimizer.close()
+    lines.append('a device model\'s chunks issued back by the host\'s '
+                 'threads, none by update()\'s caller, on both host kinds')
 
 
 def check_host_kinds(comm, lines):
@@ -225,6 +271,7 @@ def main():
         optimizer.close()
         check_differing_models(comm, lines)
         check_device_overlap(comm, lines)
+        check_device_copies_leave_the_callers_thread(comm, lines)
         check_host_kinds(comm, lines)
         check_replaced_array_on_a_node_host(comm, lines)
     _common.report_ok(comm, 'optimizer-overlap', lines)
