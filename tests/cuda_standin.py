@@ -194,6 +194,9 @@ class HostDeviceCopies(object):
     def device_buffer(self, n_bytes):
         return numpy.zeros(n_bytes, numpy.uint8)
 
+    def device_empty(self, n_bytes, stream):
+        return numpy.empty(n_bytes, numpy.uint8)
+
     def pinned_buffer(self, n_bytes):
         buffer = buffers.host_buffer(n_bytes)
         _register_pinned(buffer)

@@ -325,18 +325,93 @@ def test_a_staged_share_keeps_its_containers_and_values():
     staged.release()
 
 
-@pytest.mark.parametrize('depth', [2, 3])
-def test_a_buffer_is_reused_only_after_its_iteration(depth):
-    # Staged shares ahead of their iterations keep their values: each
-    # of `depth` buffers holds one share until it is released.
+@pytest.mark.parametrize('depth', [1, 2])
+def test_shares_staged_ahead_keep_their_values_and_memory(depth):
+    # Each share gets device memory of its own (a model may keep its
+    # inputs, as with device.send); page-locked buffers are reused in turn
+    # once their copies are done.
     copies = cuda_standin.HostDeviceCopies()
     staging = input_staging.InputStaging(copies, depth=depth)
-    shares = [numpy.full(5, i, numpy.float32) for i in range(2 * depth)]
-    staged = [staging.stage(share) for share in shares[:depth]]
-    for i in range(depth, 2 * depth):
-        arrays = staged[i - depth].on_device()
-        numpy.testing.assert_array_equal(arrays, shares[i - depth])
-        staged[i - depth].release()
-        staged.append(staging.stage(shares[i]))
-    for i in range(depth, 2 * depth):
-        numpy.testing.assert_array_equal(staged[i].on_device(), shares[i])
+    shares = [numpy.full(5, i, numpy.float32) for i in range(4)]
+    staged = []
+    kept = []
+    for share in shares:
+        staged.append(staging.stage(share))
+        if len(staged) > 1:
+            kept.append(staged[-2].on_device())
+            staged[-2].release()
+    kept.append(staged[-1].on_device())
+    for share, array in zip(shares, kept):
+        numpy.testing.assert_array_equal(array, share)
+    for a in range(len(kept)):
+        for b in range(a):
+            assert not numpy.shares_memory(kept[a], kept[b])
+
+
+def test_a_share_staged_ahead_leaves_the_replica_no_copy_to_issue():
+    # The input path stages a batch read ahead in its background thread:
+    # the replica's thread then issues no copy to the device at all (the
+    # host thread publishes the weights).
+    replica = _Replica(gpu=True)
+    me = threading.get_ident()
+    try:
+        batches = _batches()
+        replica.run(0, batches[0])
+        replica.run(1, batches[1])
+        for iteration in range(2, ITERATIONS):
+            staged = []
+            stager = threading.Thread(target=lambda: staged.append(
+                replica.worker.inputs.stage(batches[iteration])))
+            stager.start()
+            stager.join()
+            replica.copies.take_log()
+            observation = dict(replica.run(iteration, staged[0]).observation)
+            log = replica.copies.take_log()
+            assert [entry for entry in log
+                    if isinstance(entry, cuda_standin.Copy) and
+                    entry.kind == 'h2d' and entry.thread == me] == [], log
+            assert not [entry for entry in log
+                        if isinstance(entry, cuda_standin.Wait) and
+                        entry.thread == me], log
+            assert isinstance(observation['main/accuracy'],
+                              observations.VariableValue)
+    finally:
+        replica.close()
+
+
+def test_the_input_path_stages_a_batch_read_ahead_in_its_thread():
+    from cgdp_chainer.runtime.input import input_path
+    copies = cuda_standin.HostDeviceCopies()
+    staging = input_staging.InputStaging(copies)
+    iterator = chainer.iterators.SerialIterator(
+        staged_models.dataset(n=4 * BATCH), BATCH, shuffle=False)
+    path = input_path.InputPath(
+        [iterator], chainer.dataset.concat_examples, 2, True, lambda line: None)
+    path.stage_with([staging.stage, None])
+    me = threading.get_ident()
+    try:
+        assert path.reads_ahead
+        for iteration in range(3):
+            copies.take_log()
+            batch = path.next_batch()
+            path.read_ahead()
+            inputs = batch.inputs
+            log = copies.take_log()
+            assert isinstance(inputs[0], input_staging.StagedInputs)
+            assert isinstance(inputs[1], tuple)  # a host replica's share
+            x, t = inputs[0].on_device()
+            expected = chainer.dataset.concat_examples(
+                staged_models.dataset(n=4 * BATCH)[
+                    iteration * BATCH:(iteration + 1) * BATCH][0::2])
+            numpy.testing.assert_array_equal(x, expected[0])
+            numpy.testing.assert_array_equal(t, expected[1])
+            inputs[0].release()
+            copied = [entry for entry in log
+                      if isinstance(entry, cuda_standin.Copy)]
+            assert not any(entry.pageable for entry in copied), copied
+            if iteration > 0:  # read ahead, staged in the background
+                assert not any(entry.thread == me for entry in copied), \
+                    copied
+        assert path.batches_read_ahead == 2
+    finally:
+        path.close()

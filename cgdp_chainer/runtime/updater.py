@@ -656,6 +656,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                 allreducer=self._allreducer)
             self._replicas = replicas
             replicas.start(self._accumulator.deliver)
+            # A GPU replica's share is staged where it is converted.
+            self._input_path.stage_with(replicas.stagers)
             if self.timeline is not None:
                 for note in replicas.notes:
                     self.timeline.note(note)

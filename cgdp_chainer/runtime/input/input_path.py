@@ -59,23 +59,42 @@ class ShareConverter(object):
 
     def __init__(self, convert, n_shares):
         self.convert = convert
+        self._stagers = [None] * n_shares
         self._pool = None
         if n_shares > 1:
             self._pool = concurrent.futures.ThreadPoolExecutor(
                 n_shares - 1, thread_name_prefix='cgdp-convert')
 
+    def stage_with(self, stagers):
+        """Has each converted share staged for its replica's device in the
+        thread that converted it (see
+        :mod:`~cgdp_chainer.runtime.transport.input_staging`).
+
+        Args:
+            stagers (list): Per replica, ``stage(in_arrays)`` or None (the
+                share stays in host memory).
+        """
+        self._stagers = list(stagers)
+
+    def _convert_share(self, index, share):
+        converted = self.convert(share)
+        stage = self._stagers[index] if index < len(self._stagers) else None
+        return converted if stage is None else stage(converted)
+
     def convert_shares(self, shares):
-        """Each share converted, in order.
+        """Each share converted (and staged, see :meth:`stage_with`), in
+        order.
 
         Raises:
             Exception: The first that a conversion raised.
         """
         if self._pool is None or len(shares) == 1:
-            return [self.convert(share) for share in shares]
-        others = [self._pool.submit(self.convert, share)
-                  for share in shares[1:]]
+            return [self._convert_share(index, share)
+                    for index, share in enumerate(shares)]
+        others = [self._pool.submit(self._convert_share, index, share)
+                  for index, share in enumerate(shares) if index > 0]
         try:
-            first = self.convert(shares[0])
+            first = self._convert_share(0, shares[0])
         except BaseException:
             for future in others:
                 future.cancel()
@@ -340,6 +359,12 @@ class InputPath(object):
     def next_batch(self):
         """This iteration's :class:`~cgdp_chainer.runtime.input.batches.Batch`."""
         return self._source.next_batch()
+
+    def stage_with(self, stagers):
+        """Stages each share for its replica's device where it is converted
+        (a batch read ahead: in the background, while the last iteration
+        computes); see :meth:`ShareConverter.stage_with`."""
+        self.converter.stage_with(stagers)
 
     def read_ahead(self):
         """Starts the next batch's reading, where it is exact; call it once

@@ -156,6 +156,8 @@ class ThreadReplicas(object):
                                           device)
                 replica_worker = worker_module.ReplicaWorker(
                     index, device, replica, transfer, link, loss_func)
+                if isinstance(port, _GpuThreadPort):
+                    port.inputs = replica_worker.inputs
             except BaseException as error:
                 self.failures.fail(error, where)
                 return
@@ -207,8 +209,20 @@ class ThreadReplicas(object):
                 self._cond.wait(POLL_SECONDS)
         return None if self.failures.failed else self._results
 
+    @property
+    def stagers(self):
+        """Per replica, what stages a share for its device ahead of its
+        iteration (a GPU replica's ``stage(in_arrays)``), or None."""
+        return [port.stage if isinstance(port, _GpuThreadPort) else None
+                for port in self.ports]
+
     def run(self, jobs, inputs):
         """Runs one iteration on every replica and waits for them.
+
+        Args:
+            jobs (list of Job): One per replica.
+            inputs (list): Each replica's converted share (a GPU replica's
+                possibly staged already).
 
         Returns:
             list of IterationResult, or None if something failed.
@@ -256,6 +270,15 @@ class _GpuThreadPort(object):
         self.slot_buffer = buffers.host_buffer(
             master.layout.capacity, transfer_module.pinned_bytes)
         self.transfer = None
+        # The replica's InputStaging, once its thread has built it.
+        self.inputs = None
+
+    def stage(self, in_arrays):
+        """Starts a share's copy to the replica's device (from any thread);
+        before the replica is built, the share as it is (its thread
+        stages it)."""
+        inputs = self.inputs
+        return in_arrays if inputs is None else inputs.stage(in_arrays)
 
     def build(self, replica_params, device):
         """Makes the replica's transfer (in its thread, its GPU current)."""
@@ -475,6 +498,12 @@ class ProcessReplicas(object):
         worker takes the whole buffer again when it adopts the layout with
         its next job)."""
         self.master.relayout(layout)
+
+    @property
+    def stagers(self):
+        """None per replica: shares reach the workers through shared
+        memory (a GPU worker stages its own from there)."""
+        return [None] * len(self.devices)
 
     def run(self, jobs, inputs):
         """Runs one iteration in every worker and waits for the results.

@@ -104,6 +104,13 @@ class CupyCopies(object):
         """A flat ``uint8`` device array of ``n_bytes`` (zeros)."""
         return self._cupy.zeros(n_bytes, numpy.uint8)
 
+    def device_empty(self, n_bytes, stream):
+        """A flat ``uint8`` device array of ``n_bytes``, not initialized,
+        from CuPy's pool for ``stream`` (whose work may reuse it once freed,
+        in that stream's order)."""
+        with stream:
+            return self._cupy.empty(n_bytes, numpy.uint8)
+
     def pinned_buffer(self, n_bytes):
         """A flat ``uint8`` pinned host array of ``n_bytes`` (zeros)."""
         import cupyx

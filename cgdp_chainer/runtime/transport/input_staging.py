@@ -4,36 +4,44 @@
 what a replica did) copies each array from pageable host memory on the
 compute stream: CUDA copies pageable memory through a bounce buffer, at a
 seventh of the bandwidth of page-locked memory (7.7 against 55 GB/s on an
-H200), and the replica's thread waits for each copy. :class:`InputStaging`
+H200), and the thread that sends waits for each copy. :class:`InputStaging`
 instead packs the share's arrays into one page-locked buffer and copies it
 in one piece on a stream of the replica's own; the compute stream is
-ordered after that copy, the host is not. Two buffers alternate on each
-side, so that a share may be staged while the last one is computed on.
+ordered after that copy, the host is not. It may stage from any thread:
+the input path stages a share read ahead in its background thread, while
+the last iteration computes (see
+:mod:`~cgdp_chainer.runtime.input.input_path`).
 """
+import threading
+
 from cgdp_chainer.runtime.transport import buffers
 from cgdp_chainer.runtime.transport import shared
 
 
-class _Slot(object):
-    """One pair of buffers: page-locked host memory and device memory, with
-    the events of their last use."""
+class _HostBuffer(object):
+    """Page-locked memory a share is packed into, and its last copy."""
 
     def __init__(self):
-        self.host = None
-        self.device = None
-        self.copied = None    # the copy into ``device`` (input stream)
-        self.consumed = None  # the iteration that read ``device`` (compute)
+        self.array = None
+        self.copied = None
 
 
 class InputStaging(object):
     """Stages a replica's converted shares into page-locked memory and
     copies them to its device on a stream of its own.
 
+    Each share gets device memory of its own (from CuPy's pool, allocated
+    on the input stream), as ``device.send`` gives it, so a model may keep
+    its input arrays. Memory that an earlier share's iteration read may
+    come back from the pool: every copy waits, on the device, for the last
+    iteration released (:meth:`StagedInputs.release`), and so, the compute
+    stream being in order, for all before it.
+
     Args:
         copies (CupyCopies): The replica's CUDA operations (its transfer's;
             a stand-in on the CPU).
-        depth (int): Buffers on each side, used in turn: a share may be
-            staged while ``depth - 1`` earlier ones are still in use.
+        depth (int): Page-locked buffers used in turn: a share is packed
+            while the copies of the ``depth - 1`` before it may still run.
 
     Attributes:
         stream: The input stream.
@@ -43,11 +51,15 @@ class InputStaging(object):
         self.copies = copies
         with copies.device_scope():
             self.stream = copies.new_stream()
-        self._slots = [_Slot() for _ in range(depth)]
+        self._host = [_HostBuffer() for _ in range(depth)]
         self._next = 0
+        self._released = None
+        # The input path's threads stage (a batch dropped may still be
+        # staging while the next is), the replica's thread releases.
+        self._lock = threading.Lock()
 
     def stage(self, in_arrays):
-        """Starts a share's copy to the device (from any thread).
+        """Starts a share's copy to the device.
 
         Args:
             in_arrays: The converter's output for the share, in host memory
@@ -64,44 +76,41 @@ class InputStaging(object):
         layout = buffers.FlatLayout(
             [(str(i), array.shape, array.dtype)
              for i, array in enumerate(arrays)])
-        slot = self._slots[self._next]
-        self._next = (self._next + 1) % len(self._slots)
         copies = self.copies
-        with copies.device_scope():
-            self._make_room(slot, layout.capacity)
-            if slot.copied is not None and not slot.copied.done:
-                # Its last copy is still reading the host buffer (a share
-                # staged ``depth`` iterations ahead).
-                slot.copied.synchronize()
-            host_views = layout.views(slot.host)
+        with self._lock, copies.device_scope():
+            host = self._host[self._next]
+            self._next = (self._next + 1) % len(self._host)
+            self._make_room(host, layout.capacity)
+            host_views = layout.views(host.array)
             for i, array in enumerate(arrays):
                 host_views[str(i)][...] = array
-            if slot.consumed is not None:
-                # The device buffer is free once the iteration that read
-                # it is done (the device waits, the host does not).
-                copies.wait(self.stream, slot.consumed)
-                slot.consumed = None
+            device = copies.device_empty(max(layout.capacity, 1),
+                                         self.stream)
+            # Read after the allocation (see the class).
+            if self._released is not None:
+                copies.wait(self.stream, self._released)
             if layout.nbytes:
-                copies.h2d(slot.host[:layout.nbytes],
-                           slot.device[:layout.nbytes], self.stream)
-            slot.copied = copies.record(self.stream)
-        device_views = layout.views(slot.device)
-        return StagedInputs(self, slot, shared.unflatten_inputs(
+                copies.h2d(host.array[:layout.nbytes],
+                           device[:layout.nbytes], self.stream)
+            host.copied = copies.record(self.stream)
+        device_views = layout.views(device)
+        return StagedInputs(self, host.copied, shared.unflatten_inputs(
             structure, [device_views[str(i)] for i in range(len(arrays))]))
 
-    def _make_room(self, slot, n_bytes):
-        n_bytes = max(n_bytes, 1)
-        if slot.host is not None and slot.host.size >= n_bytes:
-            return
-        copies = self.copies
-        if slot.copied is not None:
-            slot.copied.synchronize()  # the old host buffer is in use
-        slot.host = copies.pinned_buffer(n_bytes)
-        slot.device = copies.device_buffer(n_bytes)
-        # Allocated (and zeroed) on this thread's current stream: the
-        # input stream's copy must not overtake that (once per size).
-        copies.synchronize(copies.current_stream())
-        slot.copied = slot.consumed = None
+    def _make_room(self, host, n_bytes):
+        """Makes ``host`` free to pack ``n_bytes`` into: its last copy done
+        (it is, unless shares are staged faster than copied), large
+        enough."""
+        if host.copied is not None and not host.copied.done:
+            host.copied.synchronize()
+        if host.array is None or host.array.size < n_bytes:
+            host.array = self.copies.pinned_buffer(max(n_bytes, 1))
+
+    def released(self, event):
+        """Takes the event after the latest iteration released (what
+        :meth:`StagedInputs.release` calls)."""
+        with self._lock:
+            self._released = event
 
 
 class StagedInputs(object):
@@ -110,13 +119,13 @@ class StagedInputs(object):
 
     Args:
         staging (InputStaging): Where it was staged.
-        slot (_Slot or None): Its buffers (None: it holds no array).
-        in_arrays: The share, its arrays views of the device buffer.
+        copied: The copy's event (None: the share holds no array).
+        in_arrays: The share, its arrays on the device.
     """
 
-    def __init__(self, staging, slot, in_arrays):
+    def __init__(self, staging, copied, in_arrays):
         self._staging = staging
-        self._slot = slot
+        self._copied = copied
         self._in_arrays = in_arrays
 
     def on_device(self):
@@ -126,15 +135,13 @@ class StagedInputs(object):
         Returns:
             The converter's output with device arrays.
         """
-        if self._slot is not None:
+        if self._copied is not None:
             copies = self._staging.copies
-            copies.wait(copies.current_stream(), self._slot.copied)
+            copies.wait(copies.current_stream(), self._copied)
         return self._in_arrays
 
     def release(self):
-        """Marks the share's device buffer free once the work issued so far
-        on the current stream (the iteration that read it) is done."""
-        if self._slot is not None:
-            copies = self._staging.copies
-            self._slot.consumed = copies.record(copies.current_stream())
-            self._slot = None
+        """Marks the end of the work that reads the share: the next copies
+        wait for the work issued so far on the current stream."""
+        copies = self._staging.copies
+        self._staging.released(copies.record(copies.current_stream()))
