@@ -415,3 +415,44 @@ def test_the_input_path_stages_a_batch_read_ahead_in_its_thread():
         assert path.batches_read_ahead == 2
     finally:
         path.close()
+
+
+@pytest.mark.gpu
+def test_cupy_staging_and_read_back_on_a_gpu():
+    import cupy
+    import cupyx
+    device = chainer.get_device('@cupy:0')
+    with cupy.cuda.Device(0), cupy.cuda.Stream(non_blocking=True):
+        copies = cuda_transfer.CupyCopies(0)
+        staging = input_staging.InputStaging(copies)
+        share = (numpy.arange(12, dtype=numpy.float32).reshape(3, 4),
+                 numpy.array([1, 2, 3], numpy.int32))
+        staged = staging.stage(share)
+        x, t = staged.on_device()
+        assert isinstance(x, cupy.ndarray) and isinstance(t, cupy.ndarray)
+        doubled = x * 2  # on the current stream, ordered after the copy
+        staged.release()
+        numpy.testing.assert_array_equal(cupy.asnumpy(doubled), share[0] * 2)
+        numpy.testing.assert_array_equal(cupy.asnumpy(t), share[1])
+        model = L.Linear(3, 2)
+        model.to_device(device)
+        params = collections.OrderedDict(model.namedparams())
+        layout = buffers.FlatLayout.of_arrays(
+            {name: param.array for name, param in params.items()})
+        master = buffers.host_buffer(
+            layout.capacity, lambda n: cupyx.empty_pinned(n, numpy.uint8))
+        transfer = cuda_transfer.ChunkedCudaTransfer(
+            layout, master, None, params, device)
+        loss = chainer.Variable(cupy.asarray(1.5, numpy.float32))
+        pending = observations.PendingObservation(
+            transfer.read_back, transfer.copies.is_device_array)
+        pending.take({'main/loss': loss, 'main/n': 3,
+                      'main/v': cupy.arange(3, dtype=numpy.float64)})
+        settled = dict(pending)
+        assert type(settled['main/loss']) is observations.VariableValue
+        assert type(settled['main/loss'].array) is numpy.ndarray
+        assert settled['main/loss'].array == numpy.float32(1.5)
+        assert settled['main/n'] == 3
+        assert type(settled['main/v']) is numpy.ndarray
+        numpy.testing.assert_array_equal(settled['main/v'], [0., 1., 2.])
+        transfer.close()
