@@ -30,6 +30,7 @@ import chainer.links as L
 import numpy
 import pytest
 
+import cgdp_chainer
 import cuda_standin
 import staged_models
 
@@ -456,3 +457,101 @@ def test_cupy_staging_and_read_back_on_a_gpu():
         assert type(settled['main/v']) is numpy.ndarray
         numpy.testing.assert_array_equal(settled['main/v'], [0., 1., 2.])
         transfer.close()
+
+
+def _train_reporting(make_updater, iterations=ITERATIONS, log=None):
+    """Trains a classifier; returns its parameters and, per update, what
+    the reporter saw (and, with ``log``, ``log()`` after each update)."""
+    model = _model()
+    optimizer = chainer.optimizers.MomentumSGD(lr=0.1, momentum=0.9)
+    optimizer.setup(model)
+    updater = make_updater(chainer.iterators.SerialIterator(
+        staged_models.dataset(n=BATCH * iterations), BATCH, shuffle=False),
+        optimizer)
+    reporter = chainer.Reporter()
+    reporter.add_observer('main', model)
+    reports, logs = [], []
+    try:
+        for _ in range(iterations):
+            observation = {}
+            with reporter.scope(observation):
+                updater.update()
+            reports.append(observation)
+            if log is not None:
+                logs.append(log())
+    finally:
+        updater.finalize()
+    params = {name: p.array.copy() for name, p in model.namedparams()}
+    return params, reports, logs
+
+
+def test_the_updater_through_the_gpu_path_reports_and_trains_as_standard():
+    # Two thread replicas through the GPU path (the stand-in), inputs
+    # staged in the input path's thread: StandardUpdater's parameters and
+    # reported values, in value and type. Per update after the second,
+    # no pageable copy, no wait in the caller's thread, and each share's
+    # copy (of a batch read ahead) issued off the caller's thread. (Outside
+    # a Trainer, the caller's update() publishes every chunk again: user
+    # code may have written the model.)
+    made = []
+
+    def copies(device):
+        made.append(cuda_standin.HostDeviceCopies(device))
+        return made[-1]
+
+    def log():
+        return [entry for standin in made for entry in standin.take_log()]
+
+    expected, expected_reports, _ = _train_reporting(
+        lambda iterator, optimizer: chainer.training.updaters.StandardUpdater(
+            iterator, optimizer, device='@numpy'))
+    caller = threading.get_ident()
+    actual, reports, logs = _train_reporting(
+        lambda iterator, optimizer: cgdp_chainer.CGDPUpdater(
+            iterator, optimizer, ['@numpy', '@numpy'], chunk_size=1,
+            workers='thread', device_copies=copies), log=log)
+    for name, array in expected.items():
+        numpy.testing.assert_allclose(actual[name], array, rtol=1e-5,
+                                      atol=1e-6, err_msg=name)
+    for got, want in zip(reports, expected_reports):
+        assert list(got) == list(want)
+        for key, value in want.items():
+            assert type(got[key]) is type(value), key
+            assert type(got[key].array) is type(value.array), key
+            assert got[key].array.dtype == value.array.dtype, key
+            numpy.testing.assert_allclose(got[key].array, value.array,
+                                          rtol=1e-5, err_msg=key)
+    # A share: 3 examples of 6 float32 features, then their int32 labels
+    # on the next cache line.
+    share_bytes = buffers.FlatLayout([('x', (3, 6), numpy.float32),
+                                      ('t', (3,), numpy.int32)]).nbytes
+    for entries in logs[2:]:
+        copied = [e for e in entries if isinstance(e, cuda_standin.Copy)]
+        waits = [e for e in entries if isinstance(e, cuda_standin.Wait)]
+        assert not any(copy.pageable for copy in copied), copied
+        assert not any(wait.thread == caller for wait in waits), waits
+        inputs = [copy for copy in copied if copy.nbytes == share_bytes]
+        assert len(inputs) == 2, copied
+        assert not any(copy.thread == caller for copy in inputs), inputs
+        # The hand-over's: one wait per chunk and replica, in the host's
+        # threads (the stand-in's streams run when waited for).
+        assert len(waits) == 2 * 4, waits
+
+
+@pytest.mark.parametrize('options', [
+    {'workers': 'process'}, {'workers': 'thread', 'timeline': True},
+    {'workers': 'thread', 'device_copies': 'not callable'}])
+def test_the_updaters_stand_in_option_is_refused_where_it_cannot_run(
+        options):
+    options = dict(options)
+    options.setdefault('device_copies', cuda_standin.HostDeviceCopies)
+    if options.get('timeline'):
+        options['timeline'] = cgdp_chainer.Timeline()
+    model = _model()
+    optimizer = chainer.optimizers.SGD()
+    optimizer.setup(model)
+    iterator = chainer.iterators.SerialIterator(staged_models.dataset(),
+                                                BATCH)
+    with pytest.raises(ValueError, match="workers='thread' and no timeline"):
+        cgdp_chainer.CGDPUpdater(iterator, optimizer, ['@numpy'] * 2,
+                                 **options)

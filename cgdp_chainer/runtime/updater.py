@@ -129,6 +129,9 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             over what the first iteration found (keys it could not tell,
             or that first appear later, go by type: integers add up,
             anything else is a mean).
+        device_copies (callable or None): Tests: ``device_copies(device)``
+            stands in for CuPy's copies, and ``'@numpy'`` thread replicas
+            take the GPU path (as for ``create_multi_node_optimizer``).
     """
 
     # The batches' source (made at the first update).
@@ -139,9 +142,17 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                  loss_func=None, timeline=None, blas_threads=None,
                  host_threads=None, mpi_comm=None, auto_new_epoch=True,
                  workers='process', start_method='spawn', chunk_bytes=None,
-                 loss_scale=None, report_kinds=None):
+                 loss_scale=None, report_kinds=None, device_copies=None):
         call_forms.check_arguments(reduction, timeline, blas_threads, host_threads,
                          workers, start_method, converter, loss_func)
+        if device_copies is not None and (
+                workers != 'thread' or not callable(device_copies) or
+                timeline is not None):
+            raise ValueError(
+                'device_copies (a stand-in of CUDA\'s copies, for tests) '
+                'must be callable as device_copies(device), with '
+                "workers='thread' and no timeline")
+        self._device_copies = device_copies
         self._report_kinds = observations.ReportKinds(report_kinds)
         self._devices = devices_module.parse_devices(devices)
         # One iterator per device (MultiprocessParallelUpdater's form), or
@@ -647,7 +658,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         else:
             replicas = channels.ThreadReplicas(
                 master, self._devices, self.loss_func, self._failures,
-                blas_threads=self._blas_threads)
+                blas_threads=self._blas_threads,
+                device_copies=self._device_copies)
         try:
             self._accumulator = accumulator_module.HostAccumulator(
                 optimizer, replicas.ports, self._chunk_names,

@@ -83,24 +83,31 @@ class ThreadReplicas(object):
             callable object holding it) refers to that replica.
         failures (FailureBox): Shared with the host accumulator.
         blas_threads (int or None): BLAS threads while CPU replicas compute.
+        device_copies (callable or None): Tests: ``device_copies(device)``
+            stands in for CuPy's copies, and every replica takes the GPU
+            path on its '@numpy' device.
     """
 
     kind = 'thread'
 
     def __init__(self, master, devices, loss_func, failures,
-                 blas_threads=None):
+                 blas_threads=None, device_copies=None):
         self.devices = devices
         self.loss_func = loss_func
         self.failures = failures
         self._model = master
+        self._device_copies = device_copies
         self.blas_limit = blas.threads_per_replica(
             cpu_replica_count(devices), blas_threads)
         master_params = collections.OrderedDict(master.namedparams())
         layout = buffers.FlatLayout.of_arrays(
             {name: p.array for name, p in master_params.items()})
         # GPU replicas copy from pinned memory at full bandwidth.
-        allocate = transfer_module.pinned_bytes if any(
-            devices_module.is_gpu(d) for d in devices) else None
+        allocate = None
+        if device_copies is not None:
+            allocate = device_copies(None).pinned_buffer
+        elif any(devices_module.is_gpu(d) for d in devices):
+            allocate = transfer_module.pinned_bytes
         self.master = buffers.FlatMaster(
             master_params, layout,
             buffers.host_buffer(layout.capacity, allocate))
@@ -113,8 +120,8 @@ class ThreadReplicas(object):
                     master, loss_func, len(devices))):
             self.replicas.append(replica)
             self.loss_funcs.append(replica_loss)
-            if devices_module.is_gpu(device):
-                self.ports.append(_GpuThreadPort(self.master))
+            if devices_module.is_gpu(device) or device_copies is not None:
+                self.ports.append(_GpuThreadPort(self.master, device_copies))
             else:
                 self.ports.append(transfer_module.HostResidentTransfer(
                     self.master, dict(replica.namedparams())))
@@ -261,14 +268,18 @@ class _GpuThreadPort(object):
     Args:
         master (cgdp_chainer.runtime.transport.buffers.FlatMaster): The master, in
             pinned memory.
+        device_copies (callable or None): ``device_copies(device)``, the
+            stand-in of CuPy's copies (tests); None: CuPy's.
     """
 
     is_gpu = True
 
-    def __init__(self, master):
+    def __init__(self, master, device_copies=None):
         self.master = master
+        self._device_copies = device_copies
         self.slot_buffer = buffers.host_buffer(
-            master.layout.capacity, transfer_module.pinned_bytes)
+            master.layout.capacity, transfer_module.pinned_bytes
+            if device_copies is None else device_copies(None).pinned_buffer)
         self.transfer = None
         # The replica's InputStaging, once its thread has built it.
         self.inputs = None
@@ -283,9 +294,11 @@ class _GpuThreadPort(object):
     def build(self, replica_params, device):
         """Makes the replica's transfer (in its thread, its GPU current)."""
         from cgdp_chainer.runtime.transport import cuda_transfer
+        copies = None if self._device_copies is None else \
+            self._device_copies(device)
         self.transfer = cuda_transfer.ChunkedCudaTransfer(
             self.master.layout, self.master.buffer, self.slot_buffer,
-            replica_params, device)
+            replica_params, device, copies=copies)
         return self.transfer
 
     def wait_grads(self, ready):
