@@ -97,6 +97,19 @@ def iterator_names(iterators):
     return named
 
 
+def check_device_copies(device_copies, workers, timeline):
+    """Raises ValueError where CGDPUpdater's stand-in of CUDA's copies (a
+    tests' option) cannot run: it is given to thread replicas, whose GPU
+    path takes no timeline on it (the timeline's clock is CUDA's)."""
+    if device_copies is not None and (
+            workers != 'thread' or not callable(device_copies) or
+            timeline is not None):
+        raise ValueError(
+            'device_copies (a stand-in of CUDA\'s copies, for tests) must '
+            "be callable as device_copies(device), with workers='thread' "
+            'and no timeline')
+
+
 def check_arguments(reduction, timeline, blas_threads, host_threads,
                      workers, start_method, converter, loss_func):
     """Raises ValueError naming the first wrong argument of CGDPUpdater

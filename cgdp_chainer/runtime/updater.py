@@ -145,13 +145,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                  loss_scale=None, report_kinds=None, device_copies=None):
         call_forms.check_arguments(reduction, timeline, blas_threads, host_threads,
                          workers, start_method, converter, loss_func)
-        if device_copies is not None and (
-                workers != 'thread' or not callable(device_copies) or
-                timeline is not None):
-            raise ValueError(
-                'device_copies (a stand-in of CUDA\'s copies, for tests) '
-                'must be callable as device_copies(device), with '
-                "workers='thread' and no timeline")
+        call_forms.check_device_copies(device_copies, workers, timeline)
         self._device_copies = device_copies
         self._report_kinds = observations.ReportKinds(report_kinds)
         self._devices = devices_module.parse_devices(devices)
