@@ -126,6 +126,8 @@ class StagedInputs(object):
     def __init__(self, staging, copied, in_arrays):
         self._staging = staging
         self._copied = copied
+        # Held until the iteration is released: the pool must not hand the
+        # device memory to the next share while this one may be read.
         self._in_arrays = in_arrays
 
     def on_device(self):
