@@ -439,7 +439,8 @@ class _RankTraining(object):
     def check_model(self):
         """Anything may have run since the last update: a changed
         structure is refused by name, a replaced array copied into the
-        flat buffer."""
+        flat buffer (a device model's values written in place, at the
+        first hand-over: see :meth:`_deliver`)."""
         if self.replica is None:
             self.structure.check(self.optimizer.target)
             if self.node is not None:
@@ -508,6 +509,13 @@ class _RankTraining(object):
     def _deliver(self, chunk):
         if self.failures.failed:
             raise accumulator_module.Aborted()
+        if self.replica is not None:
+            # Before the host reads any chunk of the master: values the
+            # script wrote in place since the last update (check_model
+            # started the comparison; its answer has landed by now).
+            written = self.port.written_in_place()
+            if written:
+                self.port.pull(written)
         ready = self.port.send_grads(self.chunk_names[chunk])
         self.accumulator.deliver(0, chunk, ready)
 

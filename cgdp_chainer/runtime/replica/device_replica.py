@@ -161,6 +161,8 @@ class DevicePort(object):
         # publish() comes from the host's threads, a chunk each.
         self._lock = threading.Lock()
         self._returned = set()
+        # What check_arrays started for written_in_place to read.
+        self._written_check = None
 
     def send_grads(self, names):
         """Starts the chunk's gradients to the slots (see the transfer)."""
@@ -227,12 +229,13 @@ class DevicePort(object):
         self._published[...] = self.transfer.param_buffer
 
     def check_arrays(self):
-        """What the script did to the model's arrays since the last update.
+        """What the script did to the model's arrays since the last update:
+        the arrays it replaced, at once; whether it wrote into any in place
+        is found on the device, and read by :meth:`written_in_place`.
 
         Returns:
             list of str: Parameters whose array was replaced on the same
-            device, or whose values were written in place (their values
-            must reach the master).
+            device (their values must reach the master).
 
         Raises:
             ValueError: A parameter moved to another device, with the fix.
@@ -254,14 +257,34 @@ class DevicePort(object):
                     'for the model on its new device'.format(
                         name, device, moved, device, device))
             replaced.append(name)
-        return replaced + self._written_in_place(set(replaced))
-
-    def _written_in_place(self, replaced):
-        """The parameters whose bytes differ from what the last update
-        left (one comparison over the whole buffer where none does)."""
+        # One comparison over the whole buffer, on the caller's stream; its
+        # answer comes back ahead of the first gradients, not read now
+        # (which would wait for every copy of the last update).
         xp = chainer.backend.get_array_module(self._published)
-        if not bool(xp.any(self._published != self.transfer.param_buffer)):
+        changed = xp.any(self._published != self.transfer.param_buffer)
+        self._written_check = (self.transfer.read_back([changed]),
+                               set(replaced))
+        return replaced
+
+    def written_in_place(self):
+        """The parameters, other than those :meth:`check_arrays` found
+        replaced, whose bytes differ from what the last update left: read
+        once per update, before its first hand-over (the backward has run
+        a layer since the answer's copy started: it has landed). Only where
+        something was written is each parameter compared, the host waiting.
+
+        Returns:
+            list of str: Their names (their values must reach the master).
+        """
+        check, self._written_check = self._written_check, None
+        if check is None:
             return []
+        ((changed,), copied), replaced = check
+        if not getattr(copied, 'done', False):
+            copied.synchronize()
+        if not changed:
+            return []
+        xp = chainer.backend.get_array_module(self._published)
         return [name for name, view in self._views.items()
                 if name not in replaced and
                 bool(xp.any(view != self._published_views[name]))]
