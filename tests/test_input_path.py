@@ -2,6 +2,7 @@
 ahead while an iteration computes leaves the iterator, the snapshots, the
 random streams and the result exactly StandardUpdater's; each share is
 converted once; errors in the background surface."""
+import io
 import random
 import threading
 import traceback
@@ -442,9 +443,16 @@ def _next_at_the_third(iteration, iterator):
         iterator.next()
 
 
+def _snapshot_at_the_third(iteration, iterator):
+    # Saving restarts a MultiprocessIterator's prefetch at its state.
+    if iteration == 2:
+        chainer.serializers.save_npz(io.BytesIO(), iterator)
+
+
 @pytest.mark.parametrize('pipeline', list(PIPELINES))
 @pytest.mark.parametrize('extension', [_draw_on_odd_iterations,
-                                       _next_at_the_third])
+                                       _next_at_the_third,
+                                       _snapshot_at_the_third])
 def test_an_extension_that_draws_or_moves_the_iterator_trains_equal(
         pipeline, extension):
     make_iterator = PIPELINES[pipeline]
