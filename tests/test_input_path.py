@@ -3,6 +3,7 @@ ahead while an iteration computes leaves the iterator, the snapshots, the
 random streams and the result exactly StandardUpdater's; each share is
 converted once; errors in the background surface."""
 import io
+import os
 import random
 import threading
 import traceback
@@ -549,3 +550,50 @@ def test_an_error_in_the_reader_process_surfaces_and_it_ends():
     assert 'get_example' in str(info.value.__cause__)
     assert iterator.current_position == 8  # as SerialIterator leaves it
     assert not _children() - before
+
+
+class _DiesInTheReader(_Augmented):
+    """Exits when read in another process than the one that made it."""
+
+    def __init__(self):
+        super(_DiesInTheReader, self).__init__()
+        self.home = os.getpid()
+
+    def get_example(self, i):
+        if os.getpid() != self.home:
+            os._exit(3)
+        return super(_DiesInTheReader, self).get_example(i)
+
+
+def test_a_reader_process_that_dies_surfaces_in_the_update():
+    model = semantics_models.CountingClassifier(sum_loss=False)
+    iterator = chainer.iterators.SerialIterator(_DiesInTheReader(), 4)
+    updater = _cgdp('thread')(iterator, chainer.optimizers.SGD().setup(
+        model))
+    try:
+        updater.update()
+        with pytest.raises(RuntimeError, match=r'reader process died \(exit '
+                           r'code 3\)'):
+            updater.update()
+    finally:
+        updater.finalize()
+
+
+class _Unpicklable(_Augmented):
+    def __init__(self):
+        super(_Unpicklable, self).__init__()
+        self.lock = threading.Lock()
+
+
+def test_a_dataset_that_draws_and_cannot_be_pickled_is_not_read_ahead(
+        capsys):
+    def make_iterator():
+        return chainer.iterators.SerialIterator(_Unpicklable(), 5,
+                                                shuffle=True)
+    expected, expected_params, _ = _train(_standard, make_iterator, 4)
+    actual, params, path = _train(_cgdp('thread'), make_iterator, 4)
+    assert actual == expected
+    assert_same_params(expected_params, params)
+    assert path.batches_read_ahead == 0
+    assert 'the dataset cannot be pickled (TypeError' in \
+        capsys.readouterr().out

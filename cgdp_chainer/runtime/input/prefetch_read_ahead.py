@@ -16,6 +16,8 @@ its epoch-end shuffles, and whatever an extension does to it (``next()``,
 that is not the one converted ahead is converted at its iteration.
 """
 import threading
+import time
+import warnings
 
 import chainer
 
@@ -43,13 +45,35 @@ def _peek_multiprocess(iterator, stopping):
     comm = iterator._comm
     if comm is None:
         return None
+    stalled = _StallWarning(iterator.dataset_timeout)
     with comm._lock:
         while not comm._batch_queue:
-            if stopping.is_set() or \
-                    comm._status == comm.STATUS_TERMINATE:
-                return None
+            if stopping.is_set() or iterator._comm is not comm:
+                return None  # closing, or the iterator was finalized
             comm._not_empty_cond.wait(POLL_SECONDS)
+            stalled.check()
         return comm._batch_queue[0][0]
+
+
+class _StallWarning(object):
+    """Warns as ``MultiprocessIterator.next()`` does while it waits (a
+    dataset that stalls, or whose error ended the prefetch), once every
+    ``timeout`` seconds (None: never)."""
+
+    def __init__(self, timeout):
+        self._timeout = timeout
+        self._since = time.monotonic()
+
+    def check(self):
+        if self._timeout is None or \
+                time.monotonic() - self._since <= self._timeout:
+            return
+        self._since = time.monotonic()
+        warnings.warn(
+            'Stalled dataset is detected (CGDP waits for the '
+            "MultiprocessIterator's next batch). See the documentation of "
+            'MultiprocessIterator for common causes and workarounds',
+            chainer.iterators.MultiprocessIterator.TimeoutWarning)
 
 
 def _peek_multithread(iterator, stopping):

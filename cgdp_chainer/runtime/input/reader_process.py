@@ -168,11 +168,22 @@ def serve(read_fd, write_fd):
                      random.getstate())
         except Exception as error:
             reply = ('error', error, traceback.format_exc())
-        try:
-            data = pickle.dumps(reply, pickle.HIGHEST_PROTOCOL)
-        except Exception:
-            data = pickle.dumps(('error', ReaderError(
-                'the examples (or the error) read by the CGDP input reader '
-                'cannot be pickled back'), traceback.format_exc()),
-                pickle.HIGHEST_PROTOCOL)
-        send.send_bytes(data)
+        send.send_bytes(_pickled_reply(reply))
+
+
+def _pickled_reply(reply):
+    """The reply's bytes; where it cannot be pickled, an error that says so
+    (with the dataset's own error and traceback, if it was one)."""
+    try:
+        return pickle.dumps(reply, pickle.HIGHEST_PROTOCOL)
+    except Exception as error:
+        what = 'the examples read'
+        text = traceback.format_exc()
+        if reply[0] == 'error':
+            what = 'the error raised ({!r})'.format(reply[1])
+            text = reply[2]
+        return pickle.dumps(('error', ReaderError(
+            '{} by the CGDP input reader cannot be pickled back to the '
+            'training process ({}: {})'.format(what, type(error).__name__,
+                                               error)), text),
+            pickle.HIGHEST_PROTOCOL)
