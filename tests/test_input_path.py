@@ -450,16 +450,19 @@ def _snapshot_at_the_third(iteration, iterator):
         chainer.serializers.save_npz(io.BytesIO(), iterator)
 
 
-@pytest.mark.parametrize('pipeline', list(PIPELINES))
-@pytest.mark.parametrize('extension', [_draw_on_odd_iterations,
-                                       _next_at_the_third,
-                                       _snapshot_at_the_third])
+@pytest.mark.parametrize('pipeline, extension, workers', [
+    (pipeline, extension, 'thread') for pipeline in PIPELINES
+    for extension in (_draw_on_odd_iterations, _next_at_the_third,
+                      _snapshot_at_the_third)] + [
+    pytest.param(pipeline, extension, 'process', marks=pytest.mark.slow)
+    for pipeline in ('serial-augmented', 'multiprocess')
+    for extension in (_draw_on_odd_iterations, _next_at_the_third)])
 def test_an_extension_that_draws_or_moves_the_iterator_trains_equal(
-        pipeline, extension):
+        pipeline, extension, workers):
     make_iterator = PIPELINES[pipeline]
     expected, expected_params, _ = _train(_standard, make_iterator, 7,
                                           extension)
-    actual, params, path = _train(_cgdp('thread', 2), make_iterator, 7,
+    actual, params, path = _train(_cgdp(workers, 2), make_iterator, 7,
                                   extension)
     assert actual == expected
     assert_same_params(expected_params, params)
