@@ -187,16 +187,11 @@ class SerialReadAhead(object):
         # None until a batch drawn on the caller's thread told whether the
         # dataset draws from the global random states.
         self._dataset_draws = None
-        # For a dataset that draws: its bytes for the reader process, or
-        # None where it is not read ahead.
+        # Whether a dataset that draws is read ahead in a reader process;
+        # its bytes until the reader has them.
+        self.reads_in_process = False
         self._dataset_bytes = None
         self._reader = None  # made in the loader thread, at first use
-
-    @property
-    def reads_in_process(self):
-        """Whether batches are read ahead in a reader process (a dataset
-        that draws from the global random states)."""
-        return self._dataset_bytes is not None
 
     def next_batch(self):
         """This iteration's batch: the one read ahead if the iterator and
@@ -255,6 +250,7 @@ class SerialReadAhead(object):
             self._dataset_bytes, why = reader_process.pickle_dataset(
                 self.iterator.dataset)
         if why is None:
+            self.reads_in_process = True
             self._say(
                 "CGDP input: the dataset's get_example draws from NumPy's "
                 "or Python's global random state: the next batch is read "
@@ -304,7 +300,7 @@ class SerialReadAhead(object):
         """Starts reading the next batch in the background, where that is
         exact (see the module's docs)."""
         if self._prepared is not None or self._dataset_draws is None or (
-                self._dataset_draws and self._dataset_bytes is None):
+                self._dataset_draws and not self.reads_in_process):
             return
         step = self._step_ahead()
         if step is None:
@@ -334,7 +330,8 @@ class SerialReadAhead(object):
         """In the loader thread: the examples read by the reader process
         from ``read_from``, each share converted, and its states after."""
         if self._reader is None:
-            self._reader = reader_process.DatasetReader(self._dataset_bytes)
+            dataset_bytes, self._dataset_bytes = self._dataset_bytes, None
+            self._reader = reader_process.DatasetReader(dataset_bytes)
         examples, after = self._reader.read(indices, read_from)
         return self._converted(examples, after)
 
