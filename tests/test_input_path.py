@@ -2,6 +2,9 @@
 ahead while an iteration computes leaves the iterator, the snapshots, the
 random streams and the result exactly StandardUpdater's; each share is
 converted once; errors in the background surface."""
+import io
+import os
+import random
 import threading
 import traceback
 
@@ -115,7 +118,7 @@ def _trace(make_updater, make_iterator, iterations, dataset=None, seed=0):
     (_serial(5, shuffle=True), True), (_serial(5, repeat=False), True),
     (_serial(3, repeat=False, shuffle=True), True),
     (lambda dataset: _OwnNext(dataset, 5), False),
-    (_multiprocess(1), False), (_multiprocess(2), False)])
+    (_multiprocess(1), True), (_multiprocess(2), True)])
 def test_iterator_is_standard_updaters_after_every_iteration(
         make_iterator, read_ahead):
     expected, expected_params, expected_reads, _ = _trace(
@@ -148,16 +151,15 @@ def test_read_ahead_with_either_worker_kind_is_standard_updaters(workers):
 
 
 def test_iterators_that_are_not_read_ahead_say_why(capsys):
-    _trace(_cgdp('thread'), _multiprocess(1), 2)
     _trace(_cgdp('thread', 2), lambda dataset: _OwnNext(dataset, 4), 2)
-    out = capsys.readouterr().out
-    assert 'not read ahead (MultiprocessIterator prefetches in its own ' \
-        'processes)' in out
     assert "not read ahead (_OwnNext overrides SerialIterator.__next__); " \
-        "each replica's share is converted in parallel" in out
+        "each replica's share is converted in parallel" in \
+        capsys.readouterr().out
 
 
-def test_a_dataset_drawing_from_the_global_state_is_not_read_ahead(capsys):
+def test_a_dataset_drawing_and_changing_itself_is_not_read_ahead(capsys):
+    # _Recording appends to its list when read: a reader process's copy
+    # would record the reads instead of it.
     make_iterator = _serial(5, shuffle=True)
     expected, expected_params, _, _ = _trace(
         _standard, make_iterator, 6, dataset=_Recording(draw=True))
@@ -167,7 +169,8 @@ def test_a_dataset_drawing_from_the_global_state_is_not_read_ahead(capsys):
     assert_same_params(expected_params, params)
     assert path.batches_read_ahead == 0
     assert "get_example draws from NumPy's or Python's global random " \
-        'state' in capsys.readouterr().out
+        "state and its get_example changes the dataset's attributes" in \
+        capsys.readouterr().out
 
 
 def _snapshot_run(make_updater, tmp_path, before, after):
@@ -322,3 +325,278 @@ def test_a_gpu_replicas_reader_gives_views_of_the_segment_once():
     finally:
         reader.close()
         buffer.close()
+
+
+# -- the pipelines Chainer's users have -------------------------------------
+
+
+class _Augmented(chainer.dataset.DatasetMixin):
+    """staged_models' dataset augmented as Chainer's imagenet example's
+    PreprocessedDataset augments: a shift and a flip drawn from Python's
+    ``random``, noise from NumPy's global state."""
+
+    def __init__(self, n=N_EXAMPLES, fail_at=None):
+        self.base = staged_models.dataset(n)
+        self.fail_at = fail_at
+
+    def __len__(self):
+        return len(self.base)
+
+    def get_example(self, i):
+        if i == self.fail_at:
+            raise KeyError('example {} is missing'.format(i))
+        x, t = self.base[i]
+        x = numpy.roll(x, random.randint(0, 2))
+        if random.randint(0, 1):
+            x = x[::-1]
+        noise = numpy.random.normal(0, 0.01, x.shape).astype(numpy.float32)
+        return x + noise, t
+
+
+def _own_shuffle():
+    """An order sampler with a stream of its own: an iterator that
+    prefetches in the background then shuffles as repeatably as the
+    updater draws (``shuffle=True`` draws from NumPy's global state
+    whenever its prefetch runs)."""
+    return chainer.iterators.ShuffleOrderSampler(numpy.random.RandomState(5))
+
+
+PIPELINES = {
+    'serial-augmented': lambda: chainer.iterators.SerialIterator(
+        _Augmented(), 5, shuffle=True),
+    'multiprocess': lambda: chainer.iterators.MultiprocessIterator(
+        staged_models.dataset(N_EXAMPLES), 4, order_sampler=_own_shuffle(),
+        n_processes=2),
+    'multithread': lambda: chainer.iterators.MultithreadIterator(
+        staged_models.dataset(N_EXAMPLES), 4, order_sampler=_own_shuffle(),
+        n_threads=2),
+}
+PIPELINES_AND_WORKERS = [
+    pytest.param(pipeline, workers, marks=[pytest.mark.slow] if
+                 workers == 'process' else [])
+    for pipeline in PIPELINES for workers in ('thread', 'process')]
+
+
+def _global_states():
+    """NumPy's and Python's global random states, comparable with ==."""
+    name, keys, position, has_gauss, cached = numpy.random.get_state()
+    return (name, keys.tolist(), position, has_gauss, cached,
+            random.getstate())
+
+
+def _params(model):
+    return {name: p.array.copy() for name, p in model.namedparams()}
+
+
+def _updater_for(make_updater, make_iterator, seed=0):
+    model = semantics_models.CountingClassifier(sum_loss=False, seed=seed)
+    iterator = make_iterator()
+    updater = make_updater(iterator, chainer.optimizers.MomentumSGD(
+        0.1).setup(model))
+    return updater, iterator, model
+
+
+def _train(make_updater, make_iterator, iterations, between=None):
+    """Trains from seeded global random states, calling
+    ``between(iteration, iterator)`` after every update as an extension
+    would; returns the iterator's visible state and the global random
+    states after every update, the parameters and the input path."""
+    numpy.random.seed(0)
+    random.seed(0)
+    updater, iterator, model = _updater_for(make_updater, make_iterator)
+    trace = []
+    try:
+        for iteration in range(iterations):
+            updater.update()
+            trace.append((_visible(iterator), _global_states()))
+            if between is not None:
+                between(iteration, iterator)
+    finally:
+        path = getattr(updater, '_input_path', None)
+        updater.finalize()
+    return trace, _params(model), path
+
+
+@pytest.mark.parametrize('pipeline, workers', PIPELINES_AND_WORKERS)
+def test_a_users_pipeline_read_ahead_is_standard_updaters(pipeline,
+                                                          workers):
+    make_iterator = PIPELINES[pipeline]
+    expected, expected_params, _ = _train(_standard, make_iterator, 7)
+    actual, params, path = _train(_cgdp(workers, 2), make_iterator, 7)
+    assert [state for state, _ in actual] == [
+        state for state, _ in expected]
+    assert actual == expected  # the global random states too
+    assert_same_params(expected_params, params)
+    # Every batch after the first was read ahead but those whose draw an
+    # epoch's end of a prefetching iterator made (none here).
+    assert path.batches_read_ahead == 6
+    assert path.reads_in_process == (pipeline == 'serial-augmented')
+
+
+def _draw_on_odd_iterations(iteration, iterator):
+    if iteration % 2:
+        random.random()
+        numpy.random.uniform()
+
+
+def _next_at_the_third(iteration, iterator):
+    if iteration == 2:
+        iterator.next()
+
+
+def _snapshot_at_the_third(iteration, iterator):
+    # Saving restarts a MultiprocessIterator's prefetch at its state.
+    if iteration == 2:
+        chainer.serializers.save_npz(io.BytesIO(), iterator)
+
+
+@pytest.mark.parametrize('pipeline, extension, workers', [
+    (pipeline, extension, 'thread') for pipeline in PIPELINES
+    for extension in (_draw_on_odd_iterations, _next_at_the_third,
+                      _snapshot_at_the_third)] + [
+    pytest.param(pipeline, extension, 'process', marks=pytest.mark.slow)
+    for pipeline in ('serial-augmented', 'multiprocess')
+    for extension in (_draw_on_odd_iterations, _next_at_the_third)])
+def test_an_extension_that_draws_or_moves_the_iterator_trains_equal(
+        pipeline, extension, workers):
+    make_iterator = PIPELINES[pipeline]
+    expected, expected_params, _ = _train(_standard, make_iterator, 7,
+                                          extension)
+    actual, params, path = _train(_cgdp(workers, 2), make_iterator, 7,
+                                  extension)
+    assert actual == expected
+    assert_same_params(expected_params, params)
+    if extension is _draw_on_odd_iterations and \
+            pipeline != 'serial-augmented':
+        # A prefetching iterator's batches do not depend on the global
+        # random states: all are converted ahead.
+        assert path.batches_read_ahead == 6
+    else:
+        # The batch after an extension that drew or moved the iterator is
+        # drawn at its iteration; the others are read ahead.
+        assert 3 <= path.batches_read_ahead < 6
+
+
+def _resumed(make_updater, make_iterator, tmp_path, before, after):
+    """``before`` updates, a snapshot, then ``after`` updates of a fresh
+    updater, model and iterator that load it (the global random states
+    put back as they were, as a script seeding them would); returns the
+    iterator's visible state and the global states after every update
+    of the resumed run, and the parameters."""
+    path = str(tmp_path / 'snapshot.npz')
+    numpy.random.seed(0)
+    random.seed(0)
+    updater, iterator, model = _updater_for(make_updater, make_iterator)
+    initial = model.copy(mode='copy')
+    try:
+        for _ in range(before):
+            updater.update()
+        chainer.serializers.save_npz(path, updater)
+        numpy_state, python_state = numpy.random.get_state(), \
+            random.getstate()
+    finally:
+        updater.finalize()
+    numpy.random.seed(7)
+    updater, iterator, model = _updater_for(make_updater, make_iterator)
+    model.copyparams(initial)
+    chainer.serializers.load_npz(path, updater)
+    numpy.random.set_state(numpy_state)
+    random.setstate(python_state)
+    trace = []
+    try:
+        for _ in range(after):
+            updater.update()
+            trace.append((_visible(iterator), _global_states()))
+    finally:
+        updater.finalize()
+    return trace, _params(model)
+
+
+@pytest.mark.parametrize('pipeline, workers', PIPELINES_AND_WORKERS)
+def test_a_users_pipeline_resumes_mid_epoch_as_standard_updater(
+        pipeline, workers, tmp_path):
+    make_iterator = PIPELINES[pipeline]
+    expected, expected_params, _ = _train(_standard, make_iterator, 6)
+    resumed, params = _resumed(_cgdp(workers, 2), make_iterator, tmp_path,
+                               before=3, after=3)
+    assert resumed == expected[3:]
+    assert_same_params(expected_params, params)
+
+
+def _children():
+    """The process ids of this process's children."""
+    import glob
+    found = set()
+    for path in glob.glob('/proc/self/task/*/children'):
+        with open(path) as listing:
+            found.update(int(pid) for pid in listing.read().split())
+    return found
+
+
+def test_an_error_in_the_reader_process_surfaces_and_it_ends():
+    numpy.random.seed(0)
+    model = semantics_models.CountingClassifier(sum_loss=False)
+    iterator = chainer.iterators.SerialIterator(_Augmented(fail_at=6), 4,
+                                                shuffle=False)
+    before = _children()
+    updater = _cgdp('thread')(iterator, chainer.optimizers.SGD().setup(
+        model))
+    try:
+        updater.update()  # drawn here: the dataset draws
+        assert updater._input_path.reads_in_process
+        assert _children() - before  # the reader
+        with pytest.raises(KeyError, match='example 6 is missing') as info:
+            updater.update()  # read ahead by the reader
+    finally:
+        updater.finalize()
+    # The reader's traceback travels with the error.
+    assert 'get_example' in str(info.value.__cause__)
+    assert iterator.current_position == 8  # as SerialIterator leaves it
+    assert not _children() - before
+
+
+class _DiesInTheReader(_Augmented):
+    """Exits when read in another process than the one that made it."""
+
+    def __init__(self):
+        super(_DiesInTheReader, self).__init__()
+        self.home = os.getpid()
+
+    def get_example(self, i):
+        if os.getpid() != self.home:
+            os._exit(3)
+        return super(_DiesInTheReader, self).get_example(i)
+
+
+def test_a_reader_process_that_dies_surfaces_in_the_update():
+    model = semantics_models.CountingClassifier(sum_loss=False)
+    iterator = chainer.iterators.SerialIterator(_DiesInTheReader(), 4)
+    updater = _cgdp('thread')(iterator, chainer.optimizers.SGD().setup(
+        model))
+    try:
+        updater.update()
+        with pytest.raises(RuntimeError, match=r'reader process died \(exit '
+                           r'code 3\)'):
+            updater.update()
+    finally:
+        updater.finalize()
+
+
+class _Unpicklable(_Augmented):
+    def __init__(self):
+        super(_Unpicklable, self).__init__()
+        self.lock = threading.Lock()
+
+
+def test_a_dataset_that_draws_and_cannot_be_pickled_is_not_read_ahead(
+        capsys):
+    def make_iterator():
+        return chainer.iterators.SerialIterator(_Unpicklable(), 5,
+                                                shuffle=True)
+    expected, expected_params, _ = _train(_standard, make_iterator, 4)
+    actual, params, path = _train(_cgdp('thread'), make_iterator, 4)
+    assert actual == expected
+    assert_same_params(expected_params, params)
+    assert path.batches_read_ahead == 0
+    assert 'the dataset cannot be pickled (TypeError' in \
+        capsys.readouterr().out

@@ -16,32 +16,44 @@ background thread, as with :class:`~chainer.iterators.MultithreadIterator`,
 in the order ``StandardUpdater`` reads it, and the converter too
 (in ``chainer.config``'s defaults: that configuration is per thread).
 
-A batch is read ahead only where that leaves every random stream as
-``StandardUpdater`` leaves it: never across an epoch's end where the
-iterator's order sampler would be called (it draws random numbers, usually
-from NumPy's global state), never past the end of an iterator that does not
-repeat, and not at all for a dataset found drawing from NumPy's or Python's
-global random state while a batch is drawn on the caller's thread (the
-first batch is always drawn there): those batches are drawn at their
-iteration, as ``StandardUpdater`` draws them. A batch read ahead is used
-only if nothing moved the iterator since (a resume, ``reset()``, an
-extension's own ``next()``); otherwise it is dropped and the batch drawn
-anew.
+A batch is read ahead from the global random states ``StandardUpdater``
+would read it from: the caller's right after the last batch was drawn, and
+where the step ends an epoch of a ``shuffle=True`` iterator, after its
+shuffle, drawn ahead from them and the caller's states put back. A dataset
+found drawing from NumPy's or Python's global random state while a batch
+is drawn on the caller's thread (the first batch is always drawn there),
+as augmentations do (Chainer's imagenet example, ChainerCV's transforms),
+is read in a reader process from copies of those states
+(:mod:`~cgdp_chainer.runtime.input.reader_process`); its batch is taken
+only if nothing drew on the caller's states since, and the reader's states
+after it then become the caller's: they are ``StandardUpdater``'s after
+every ``update()``. A batch read ahead is used only if nothing moved the
+iterator since (a resume, ``reset()``, an extension's own ``next()``) and,
+where it draws or was shuffled ahead, nothing drew on the caller's states
+(an extension); otherwise it is dropped and the batch drawn anew. Not read
+ahead: past the end of an iterator that does not repeat, across an epoch's
+end of an order sampler other than ``shuffle=True``'s, and a dataset that
+draws and cannot be pickled or changes its attributes when read (a reader's
+copy would change instead); one line of the log says so.
 
-Other iterators (``MultiprocessIterator``, which prefetches in its own
-processes, ``MultithreadIterator``, user iterators, one iterator per
-device) are not read ahead; each replica's share of their batch is still
-converted in parallel (:class:`ShareConverter`), and one line of the log
-says so. Batches that are not lists of examples keep the path of
+``MultiprocessIterator`` and ``MultithreadIterator`` read ahead in their
+own processes and threads; their next batch is converted while an
+iteration computes, and taken by their own ``next()`` at its iteration
+(:mod:`~cgdp_chainer.runtime.input.prefetch_read_ahead`). Other iterators
+(user iterators, one iterator per device) are not read ahead; each
+replica's share of their batch is still converted in parallel
+(:class:`ShareConverter`), and one line of the log says so. Batches that
+are not lists of examples keep the path of
 :mod:`~cgdp_chainer.runtime.input.batches`.
 """
 import concurrent.futures
-import random
 
 import chainer
-import numpy
 
 from cgdp_chainer.runtime.input import batches as batches_module
+from cgdp_chainer.runtime.input import global_random
+from cgdp_chainer.runtime.input import prefetch_read_ahead
+from cgdp_chainer.runtime.input import reader_process
 
 _SerialIterator = chainer.iterators.SerialIterator
 _statemachine = chainer.iterators._statemachine
@@ -106,31 +118,11 @@ class ShareConverter(object):
             self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-class GlobalRandomWatch(object):
-    """Tells whether code drew from NumPy's or Python's global random
-    state (a dataset whose ``get_example`` augments with them)."""
-
-    def __enter__(self):
-        self._numpy = numpy.random.get_state()
-        self._python = random.getstate()
-        self.drew = False
-        return self
-
-    def __exit__(self, *exc):
-        after = numpy.random.get_state()
-        self.drew = (after[2] != self._numpy[2] or
-                     not numpy.array_equal(after[1], self._numpy[1]) or
-                     random.getstate() != self._python)
-        return False
-
-
 def why_not_read_ahead(iterator):
     """None where :class:`SerialReadAhead` can read ``iterator`` ahead
     exactly; otherwise the reason, in words."""
     kind = type(iterator)
     if not isinstance(iterator, _SerialIterator):
-        if isinstance(iterator, chainer.iterators.MultiprocessIterator):
-            return 'MultiprocessIterator prefetches in its own processes'
         return ('a {} is not a SerialIterator, whose state can be advanced '
                 'without moving it'.format(kind.__name__))
     for name in ('__next__', 'next', 'serialize'):
@@ -148,21 +140,33 @@ def _refuse_to_sample(order, position):
     raise _WouldSample()
 
 
+def _attribute_marks(dataset):
+    """What shows that reading ``dataset`` changed it: each attribute's
+    identity and, for a list, dict, set or bytearray, its length."""
+    return {name: (id(value), len(value) if isinstance(
+        value, (list, dict, set, bytearray)) else None)
+        for name, value in getattr(dataset, '__dict__', {}).items()}
+
+
 class _Prepared(object):
     """A batch read ahead: the iterator's state it was drawn from and the
-    one it leads to, its shares' sizes and the background work."""
+    one it leads to, the caller's global random states it was read at
+    (None where the batch draws nothing from them), its shares' sizes and the background work (which returns the examples, the
+    converted shares and the global random states after the batch)."""
 
-    def __init__(self, state, previous, next_state, counts, future):
+    def __init__(self, state, previous, next_state, states, counts, future):
         self.state = state
         self.previous = previous
         self.next_state = next_state
+        self.states = states
         self.counts = counts
         self.future = future
 
 
 class SerialReadAhead(object):
     """Reads a SerialIterator's next batch in the background, without
-    moving the iterator until that batch is taken.
+    moving the iterator or the global random states until that batch is
+    taken.
 
     SerialIterator's ``__next__`` sets ``_previous_epoch_detail`` to its
     ``epoch_detail``, steps its ``_state`` (an immutable namedtuple) with
@@ -171,12 +175,23 @@ class SerialReadAhead(object):
     which this class reads and, when the batch is taken, sets as
     ``__next__`` would (checked by :func:`why_not_read_ahead`).
 
+    The batch is read from the global random states ``StandardUpdater``
+    would read it from: the caller's right after the last batch was drawn
+    (where the step ends an epoch of ``shuffle=True``, after the shuffle,
+    drawn ahead and the caller's state put back). A dataset found drawing
+    from them is read in a reader process
+    (:mod:`~cgdp_chainer.runtime.input.reader_process`) from copies of
+    those states; the batch is taken only if the caller's states are still
+    those (nothing drew since), and the states after it become the
+    caller's, as after ``StandardUpdater``'s ``next()``.
+
     Args:
         iterator (chainer.iterators.SerialIterator): The 'main' iterator.
         converter (ShareConverter): Converts the replicas' shares.
         n_shares (int): Replicas.
         loader (concurrent.futures.Executor): One thread: reads the
-            dataset in order, then has the shares converted.
+            dataset in order (or has the reader read it), then has the
+            shares converted.
         say (callable): Prints a line of the run's log.
     """
 
@@ -191,10 +206,16 @@ class SerialReadAhead(object):
         # None until a batch drawn on the caller's thread told whether the
         # dataset draws from the global random states.
         self._dataset_draws = None
+        # Whether a dataset that draws is read ahead in a reader process;
+        # its bytes until the reader has them.
+        self.reads_in_process = False
+        self._dataset_bytes = None
+        self._reader = None  # made in the loader thread, at first use
 
     def next_batch(self):
-        """This iteration's batch: the one read ahead if the iterator is
-        where it was left, else one drawn now.
+        """This iteration's batch: the one read ahead if the iterator and
+        the global random states are where it was left, else one drawn
+        now.
 
         Returns:
             Batch: The replicas' shares (see
@@ -203,12 +224,19 @@ class SerialReadAhead(object):
         prepared, self._prepared = self._prepared, None
         iterator = self.iterator
         if prepared is not None and iterator._state is prepared.state and \
-                iterator._previous_epoch_detail is prepared.previous:
+                iterator._previous_epoch_detail is prepared.previous and (
+                    prepared.states is None or
+                    prepared.states.are_current()):
             iterator._previous_epoch_detail = iterator.epoch_detail
             iterator._state = prepared.next_state
+            # Raises what the dataset or the converter raised, with the
+            # iterator moved as SerialIterator's next() leaves it.
+            examples, shares, states = prepared.future.result()
+            if prepared.states is not None:
+                states.install()
             self.taken += 1
             return batches_module.from_read_ahead(
-                prepared.counts, prepared.future.result,
+                prepared.counts, lambda: (examples, shares),
                 self.converter.convert)
         if prepared is not None:
             prepared.future.cancel()
@@ -218,68 +246,135 @@ class SerialReadAhead(object):
         """The batch drawn as StandardUpdater draws it, watching whether the
         dataset draws from the global random states."""
         sampled = self._would_sample()
-        with GlobalRandomWatch() as watch:
+        marks = _attribute_marks(self.iterator.dataset)
+        with global_random.GlobalRandomWatch() as watch:
             examples = self.iterator.next()
         if not sampled and self._dataset_draws is not True:
             self._dataset_draws = watch.drew
             if watch.drew:
-                self._say(
-                    "CGDP input: not read ahead: the dataset's get_example "
-                    "draws from NumPy's or Python's global random state, "
-                    'whose stream reading it in the background would '
-                    'change; each replica\'s share is converted in '
-                    'parallel')
+                self._choose_reader(
+                    marks != _attribute_marks(self.iterator.dataset))
         return batches_module.from_iterator_batch(
             examples, self.n_shares, self.converter.convert,
             self.converter.convert_shares)
 
+    def _choose_reader(self, changed):
+        """For a dataset found drawing from the global random states: reads
+        ahead in a reader process if its copy there reads as it does."""
+        why = None
+        if changed:
+            why = ("its get_example changes the dataset's attributes, which "
+                   "a reader process would change in its copy")
+        else:
+            self._dataset_bytes, why = reader_process.pickle_dataset(
+                self.iterator.dataset)
+        if why is None:
+            self.reads_in_process = True
+            self._say(
+                "CGDP input: the dataset's get_example draws from NumPy's "
+                "or Python's global random state: the next batch is read "
+                'in a reader process from the states StandardUpdater reads '
+                "it from, and its states after become the caller's when "
+                'the batch is used')
+        else:
+            self._say(
+                "CGDP input: not read ahead: the dataset's get_example "
+                "draws from NumPy's or Python's global random state and {}; "
+                "each replica's share is converted in parallel".format(why))
+
     def _would_sample(self):
         """Whether the next ``next()`` calls the order sampler."""
         try:
-            self._advance()
+            self._advance(_refuse_to_sample)
         except _WouldSample:
             return True
         return False
 
-    def _advance(self):
-        """The iterator's next state and indices, without moving it; raises
-        :class:`_WouldSample` where that would call the order sampler."""
+    def _advance(self, sampler):
+        """The iterator's next state and indices, without moving it."""
         iterator = self.iterator
         return _statemachine.iterator_statemachine(
             iterator._state, iterator.batch_size, iterator.repeat,
-            _refuse_to_sample, len(iterator.dataset))
+            sampler, len(iterator.dataset))
+
+    def _step_ahead(self):
+        """The iterator's next state, its indices, the caller's global
+        random states now and the ones to read the batch from (after the
+        shuffle where the step ends an epoch); None where the step would
+        call an order sampler other than ``shuffle=True``'s."""
+        states = global_random.RandomStates.now()
+        try:
+            next_state, indices = self._advance(_refuse_to_sample)
+            return next_state, indices, states, states
+        except _WouldSample:
+            sampler = self.iterator.order_sampler
+            if not global_random.draws_only_global_numpy(sampler):
+                return None
+        (next_state, indices), numpy_state = global_random.sample_ahead(
+            lambda: self._advance(sampler))
+        return next_state, indices, states, global_random.RandomStates(
+            numpy_state, states.python_state)
 
     def read_ahead(self):
         """Starts reading the next batch in the background, where that is
         exact (see the module's docs)."""
-        if self._prepared is not None or self._dataset_draws is not False:
+        if self._prepared is not None or self._dataset_draws is None or (
+                self._dataset_draws and not self.reads_in_process):
             return
-        iterator = self.iterator
-        try:
-            next_state, indices = self._advance()
-        except _WouldSample:
+        step = self._step_ahead()
+        if step is None:
             return
+        next_state, indices, states, read_from = step
         if indices is None or len(indices) < self.n_shares:
             return  # the end of an iterator that does not repeat
         n = self.n_shares
+        iterator = self.iterator
+        load = self._load_in_reader if self._dataset_draws else self._load
         self._prepared = _Prepared(
             iterator._state, iterator._previous_epoch_detail, next_state,
+            # A batch that draws nothing is the same whatever drew since.
+            states if self._dataset_draws or read_from is not states
+            else None,
             [len(indices[k::n]) for k in range(n)],
-            self._loader.submit(self._load, iterator.dataset, indices))
+            self._loader.submit(load, indices, read_from))
 
-    def _load(self, dataset, indices):
+    def _load(self, indices, read_from):
         """In the loader thread: the examples, in the order StandardUpdater
-        reads them, and each share converted."""
-        examples = [dataset[index] for index in indices]
+        reads them (the dataset draws nothing), and each share converted."""
+        dataset = self.iterator.dataset
+        return self._converted([dataset[index] for index in indices],
+                               read_from)
+
+    def _load_in_reader(self, indices, read_from):
+        """In the loader thread: the examples read by the reader process
+        from ``read_from``, each share converted, and its states after."""
+        if self._reader is None:
+            dataset_bytes, self._dataset_bytes = self._dataset_bytes, None
+            self._reader = reader_process.DatasetReader(dataset_bytes)
+        examples, after = self._reader.read(indices, read_from)
+        return self._converted(examples, after)
+
+    def _converted(self, examples, states):
         n = self.n_shares
         return examples, self.converter.convert_shares(
-            [examples[k::n] for k in range(n)])
+            [examples[k::n] for k in range(n)]), states
 
     def discard(self):
         """Drops the batch read ahead (a resume)."""
         if self._prepared is not None:
             self._prepared.future.cancel()
             self._prepared = None
+
+    def close(self):
+        """Drops the batch read ahead; the reader process ends once the
+        loader thread's work under way is done."""
+        self.discard()
+        self._loader.submit(self._close_reader)
+
+    def _close_reader(self):
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
 
 
 class _DrawEach(object):
@@ -314,6 +409,9 @@ class _DrawEach(object):
     def discard(self):
         pass
 
+    def close(self):
+        pass
+
 
 class InputPath(object):
     """Gives each iteration its batch, split over the replicas and
@@ -334,11 +432,16 @@ class InputPath(object):
         self._loader = None
         why = why_not_read_ahead(iterators[0]) if split else (
             'one iterator per device')
-        if why is None:
+        peek = prefetch_read_ahead.peek_for(iterators[0]) if split else None
+        if why is None or peek is not None:
             self._loader = concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix='cgdp-read-ahead')
+        if why is None:
             self._source = SerialReadAhead(
                 iterators[0], self.converter, n_shares, self._loader, say)
+        elif peek is not None:
+            self._source = prefetch_read_ahead.PrefetchReadAhead(
+                iterators[0], peek, self.converter, n_shares, self._loader)
         else:
             self._source = _DrawEach(iterators, self.converter, n_shares,
                                      split)
@@ -348,8 +451,15 @@ class InputPath(object):
 
     @property
     def reads_ahead(self):
-        """Whether batches may be read ahead (SerialIterator)."""
+        """Whether batches may be read (or converted) ahead: a
+        SerialIterator, MultiprocessIterator or MultithreadIterator."""
         return self._loader is not None
+
+    @property
+    def reads_in_process(self):
+        """Whether batches are read ahead in a reader process (a dataset
+        that draws from the global random states)."""
+        return getattr(self._source, 'reads_in_process', False)
 
     @property
     def batches_read_ahead(self):
@@ -376,8 +486,9 @@ class InputPath(object):
         self._source.discard()
 
     def close(self):
-        """Stops the background threads (waits for work under way)."""
-        self._source.discard()
+        """Stops the background threads and the reader process (waits for
+        work under way)."""
+        self._source.close()
         if self._loader is not None:
-            self._loader.shutdown(wait=True, cancel_futures=True)
+            self._loader.shutdown(wait=True)
         self.converter.close()
