@@ -56,6 +56,8 @@ Wait.__doc__ = """A wait that blocked the host: ``what`` is ``'event'``,
 # until its memory is freed.
 _PINNED = {}
 _PINNED_LOCK = threading.Lock()
+# Keys of buffers freed, not yet dropped from _PINNED.
+_FORGOTTEN = collections.deque()
 
 
 def _address(array):
@@ -66,13 +68,23 @@ def _register_pinned(buffer):
     owner = buffer if buffer.base is None else buffer.base
     key = object()
     with _PINNED_LOCK:
+        _drop_forgotten()
         _PINNED[key] = (_address(buffer), _address(buffer) + buffer.nbytes)
     weakref.finalize(owner, _forget_pinned, key)
 
 
 def _forget_pinned(key):
-    with _PINNED_LOCK:
-        _PINNED.pop(key, None)
+    # A finalizer runs wherever the garbage collector happens to run, also
+    # inside this module's own locked sections: it only notes the key (an
+    # atomic append), and the next look-up drops it under the lock.
+    _FORGOTTEN.append(key)
+
+
+def _drop_forgotten():
+    """Drops the buffers freed since the last look-up (``_PINNED_LOCK``
+    held)."""
+    while _FORGOTTEN:
+        _PINNED.pop(_FORGOTTEN.popleft(), None)
 
 
 def is_pinned(array):
@@ -81,8 +93,9 @@ def is_pinned(array):
     start = _address(array)
     stop = start + array.nbytes
     with _PINNED_LOCK:
-        return any(low <= start and stop <= high
-                   for low, high in _PINNED.values())
+        _drop_forgotten()
+        spans = list(_PINNED.values())
+    return any(low <= start and stop <= high for low, high in spans)
 
 
 class _CopyStream(object):
