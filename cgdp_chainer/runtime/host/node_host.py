@@ -34,9 +34,10 @@ RMSprop, AdaGrad, and their subclasses that change nothing of the update,
 with element-wise hooks; see
 :mod:`~cgdp_chainer.runtime.host.fused_classes`), or to be frozen (its
 gradient is reduced, and it is not updated): an update rule of Chainer's
-own keeps its state in the process and updates whole arrays. Where a model or an optimizer needs one, or a hook needs the
-whole gradient, or loss scaling is dynamic, each rank keeps a host of its
-own instead (:func:`node_host_refusal` says why).
+own keeps its state in the process and updates whole arrays. Where a
+model or an optimizer needs one, or a hook needs the whole gradient, or
+loss scaling is dynamic, each rank keeps a host of its own instead
+(:func:`node_host_refusal` says why, naming the class).
 """
 import os
 import platform
