@@ -227,9 +227,10 @@ STANDIN = ('--device', 'standin')
 @pytest.mark.parametrize('args', [(), STANDIN], ids=['numpy', 'standin'])
 def test_the_spellings_of_real_scripts_share_one_node_host(mpiexec, trained,
                                                            args):
-    # Deprecated hook aliases, CorrectedMomentumSGD, RMSprop, AdaGrad and a
-    # frozen layer (issue 40; the script checks that the frozen layers
-    # never change): the ranks of the machine share one host.
+    # Deprecated hook aliases, CorrectedMomentumSGD, RMSprop, AdaGrad,
+    # AdaDelta, RMSpropGraves and a frozen layer (issue 40; the script
+    # checks that the frozen layers never change): the ranks of the machine
+    # share one host.
     run = trained(*SHAPES['spellings'], 1, *args)
     assert 'host of its own' not in run.output, run.output
 

@@ -168,8 +168,8 @@ def test_a_frozen_parameter_does_not_keep_the_node_host_off():
     (ClippedAdam, [], None,
      'ClippedAdam (a subclass of Adam that overrides create_update_rule) '
      'has no fused host rule'),
-    (lambda: optimizers.AdaDelta(), [], None,
-     'AdaDelta has no fused host rule'),
+    (lambda: optimizers.SMORMS3(), [], None,
+     'SMORMS3 has no fused host rule'),
     (lambda: optimizers.SGD(), [], lambda model: model.predictor.layers[
         1].b.update_rule.add_hook(optimizer_hooks.WeightDecay(1e-4)),
      'parameter /predictor/layers/1/b is not updated by a fused rule (its '

@@ -3,14 +3,15 @@
 Run: mpiexec -n 2 python tests/mpi_scripts/anyloop_spellings.py --impl
 chainermn|cgdp --out DIR [--device numpy|standin]
 
-Four MLP classifiers trained side by side on each rank's shard, each by
+Six MLP classifiers trained side by side on each rank's shard, each by
 its own optimizer wrapped by ``create_multi_node_optimizer``, spelled as
 Chainer's and ChainerCV's examples spell them: ``Adam`` with the deprecated
 ``chainer.optimizer.WeightDecay`` (dcgan, pix2pix, pos, pspnet),
 ``CorrectedMomentumSGD`` (the imagenet examples) with
 ``chainer.optimizer.Lasso``, ``RMSprop`` (eps inside the square root)
-with ``chainer.optimizer.GradientHardClipping``, and ``AdaGrad`` with
-``chainer.optimizer.WeightDecay``. The first layer of every model is
+with ``chainer.optimizer.GradientHardClipping``, ``AdaGrad`` with
+``chainer.optimizer.WeightDecay``, ``AdaDelta`` with
+``chainer.optimizer.Lasso`` and ``RMSpropGraves``. The first layer of every model is
 frozen (``disable_update()``, as ChainerCV's FPN freezes its first
 convolution and BatchNormalization): its gradient is still the mean over
 the ranks after each update, with the hooks applied, and it never changes.
@@ -48,6 +49,9 @@ def spellings():
                     [chainer.optimizer.GradientHardClipping(-0.5, 0.5)]),
         'adagrad': (chainer.optimizers.AdaGrad(lr=0.05),
                     [chainer.optimizer.WeightDecay(1e-3)]),
+        'adadelta': (chainer.optimizers.AdaDelta(rho=0.9, eps=1e-4),
+                     [chainer.optimizer.Lasso(1e-3)]),
+        'rmsprop_graves': (chainer.optimizers.RMSpropGraves(lr=0.01), []),
     }
 
 

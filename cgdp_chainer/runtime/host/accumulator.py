@@ -94,7 +94,7 @@ class HostAccumulator(object):
 
     Where the optimizer has a fused host rule (SGD, MomentumSGD,
     CorrectedMomentumSGD, NesterovAG, Adam and its variants, RMSprop,
-    AdaGrad, with the hooks ``WeightDecay``, ``Lasso`` and
+    AdaGrad, AdaDelta, RMSpropGraves, with the hooks ``WeightDecay``, ``Lasso`` and
     ``GradientHardClipping``, and subclasses of these that change nothing
     of the update; see :mod:`cgdp_chainer.runtime.host.host_update`),
     the reduction and the update of a parameter are one pass over its slots,

@@ -247,7 +247,53 @@ def adagrad(p, slots, n_slots, weights, weighted, codes, args, gout, write_g,
             pb[j] = pb[j] - (gj * lr) / (numpy.sqrt(hj) + eps)
 
 
+@_jit
+def adadelta(p, slots, n_slots, weights, weighted, codes, args, gout,
+             write_g, begin, end, msg, msdx, rho, one_minus_rho, eps):
+    g = numpy.empty(NUMBA_BLOCK, numpy.float32)
+    for start in range(begin, end, NUMBA_BLOCK):
+        n = min(NUMBA_BLOCK, end - start)
+        gradient(g, n, start, p, slots, n_slots, weights, weighted, codes,
+                 args, gout, write_g)
+        pb = p[start:start + n]
+        gb = msg[start:start + n]
+        xb = msdx[start:start + n]
+        for j in range(n):
+            gj = g[j]
+            mj = gb[j] * rho + (gj * one_minus_rho) * gj
+            gb[j] = mj
+            dx = numpy.sqrt((xb[j] + eps) / (mj + eps)) * gj
+            xb[j] = xb[j] * rho + (dx * one_minus_rho) * dx
+            pb[j] = pb[j] - dx
+
+
+@_jit
+def rmsprop_graves(p, slots, n_slots, weights, weighted, codes, args, gout,
+                   write_g, begin, end, ms, mg, delta, lr, alpha,
+                   one_minus_alpha, momentum, eps):
+    g = numpy.empty(NUMBA_BLOCK, numpy.float32)
+    for start in range(begin, end, NUMBA_BLOCK):
+        n = min(NUMBA_BLOCK, end - start)
+        gradient(g, n, start, p, slots, n_slots, weights, weighted, codes,
+                 args, gout, write_g)
+        pb = p[start:start + n]
+        nb = ms[start:start + n]
+        mb = mg[start:start + n]
+        db = delta[start:start + n]
+        for j in range(n):
+            gj = g[j]
+            nj = nb[j] * alpha + (gj * one_minus_alpha) * gj
+            nb[j] = nj
+            mj = mb[j] * alpha + gj * one_minus_alpha
+            mb[j] = mj
+            dj = db[j] * momentum - (gj * lr) / numpy.sqrt(
+                (nj - mj * mj) + eps)
+            db[j] = dj
+            pb[j] = pb[j] + dj
+
+
 KERNELS = {'sgd': sgd, 'momentum_sgd': momentum_sgd,
            'corrected_momentum_sgd': corrected_momentum_sgd,
            'nesterov': nesterov, 'adam': adam, 'rmsprop': rmsprop,
-           'adagrad': adagrad}
+           'adagrad': adagrad, 'adadelta': adadelta,
+           'rmsprop_graves': rmsprop_graves}

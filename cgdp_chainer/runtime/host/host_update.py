@@ -33,7 +33,7 @@ thread (:class:`BlockPool`); both backends release the GIL while they compute.
 
 The fused rules: ``SGD``, ``MomentumSGD``, ``CorrectedMomentumSGD``,
 ``NesterovAG``, ``Adam`` (with AdamW, AMSGrad, AdaBound, AMSBound),
-``RMSprop`` and ``AdaGrad``. A subclass of one of these optimizers, hooks or
+``RMSprop``, ``AdaGrad``, ``AdaDelta`` and ``RMSpropGraves``. A subclass of one of these optimizers, hooks or
 update rules that changes nothing of the update (Chainer's deprecated
 aliases such as ``chainer.optimizer.WeightDecay``, or a subclass that sets
 defaults in ``__init__``) is fused as its base; one that redefines a method
@@ -392,6 +392,53 @@ def _numpy_adagrad(p, slots, n_slots, weights, weighted, codes, args, gout,
         numpy.subtract(p[blk], t, out=p[blk])
 
 
+def _numpy_adadelta(p, slots, n_slots, weights, weighted, codes, args, gout,
+                    write_g, begin, end, msg, msdx, rho, one_minus_rho, eps):
+    for buf, n, blk, g in _gradient_blocks(
+            p, slots, n_slots, weights, weighted, codes, args, gout, write_g,
+            begin, end):
+        gb, xb, t, u = msg[blk], msdx[blk], buf.t[:n], buf.u[:n]
+        numpy.multiply(gb, rho, out=gb)
+        numpy.multiply(g, one_minus_rho, out=t)
+        numpy.multiply(t, g, out=t)
+        numpy.add(gb, t, out=gb)
+        numpy.add(xb, eps, out=t)
+        numpy.add(gb, eps, out=u)
+        numpy.divide(t, u, out=t)
+        numpy.sqrt(t, out=t)
+        numpy.multiply(t, g, out=t)  # dx
+        numpy.multiply(xb, rho, out=xb)
+        numpy.multiply(t, one_minus_rho, out=u)
+        numpy.multiply(u, t, out=u)
+        numpy.add(xb, u, out=xb)
+        numpy.subtract(p[blk], t, out=p[blk])
+
+
+def _numpy_rmsprop_graves(p, slots, n_slots, weights, weighted, codes, args,
+                          gout, write_g, begin, end, ms, mg, delta, lr, alpha,
+                          one_minus_alpha, momentum, eps):
+    for buf, n, blk, g in _gradient_blocks(
+            p, slots, n_slots, weights, weighted, codes, args, gout, write_g,
+            begin, end):
+        nb, gb, db, t, u = ms[blk], mg[blk], delta[blk], buf.t[:n], buf.u[:n]
+        numpy.multiply(nb, alpha, out=nb)
+        numpy.multiply(g, one_minus_alpha, out=t)
+        numpy.multiply(t, g, out=t)
+        numpy.add(nb, t, out=nb)
+        numpy.multiply(gb, alpha, out=gb)
+        numpy.multiply(g, one_minus_alpha, out=t)
+        numpy.add(gb, t, out=gb)
+        numpy.multiply(db, momentum, out=db)
+        numpy.multiply(gb, gb, out=u)
+        numpy.subtract(nb, u, out=u)
+        numpy.add(u, eps, out=u)
+        numpy.sqrt(u, out=u)
+        numpy.multiply(g, lr, out=t)
+        numpy.divide(t, u, out=t)
+        numpy.subtract(db, t, out=db)
+        numpy.add(p[blk], db, out=p[blk])
+
+
 def apply_hooks(p, grad, program):
     """Applies a hook program to ``grad`` in place, with no update: what
     the optimizer's hooks do to a frozen parameter's gradient (Chainer calls
@@ -414,7 +461,9 @@ def apply_hooks(p, grad, program):
 _NUMPY_KERNELS = {'sgd': _numpy_sgd, 'momentum_sgd': _numpy_momentum,
                   'corrected_momentum_sgd': _numpy_corrected_momentum,
                   'nesterov': _numpy_nesterov, 'adam': _numpy_adam,
-                  'rmsprop': _numpy_rmsprop, 'adagrad': _numpy_adagrad}
+                  'rmsprop': _numpy_rmsprop, 'adagrad': _numpy_adagrad,
+                  'adadelta': _numpy_adadelta,
+                  'rmsprop_graves': _numpy_rmsprop_graves}
 
 
 def kernels(backend):
@@ -629,6 +678,33 @@ class FusedAdaGrad(FusedRule):
         return (rule.state['h'],), (_f32(hp.lr), _f32(hp.eps))
 
 
+class FusedAdaDelta(FusedRule):
+    rule_type = optimizers.ada_delta.AdaDeltaRule
+    state_keys = ('msg', 'msdx')
+    kernel_name = 'adadelta'
+
+    def scalars(self, rule):
+        rule.t += 1
+        hp = rule.hyperparam
+        return (rule.state['msg'], rule.state['msdx']), (
+            _f32(hp.rho), _f32(1 - hp.rho), _f32(hp.eps))
+
+
+class FusedRMSpropGraves(FusedRule):
+    rule_type = optimizers.rmsprop_graves.RMSpropGravesRule
+    # Chainer's keys: the mean square, the mean and the step.
+    state_keys = ('n', 'g', 'delta')
+    kernel_name = 'rmsprop_graves'
+
+    def scalars(self, rule):
+        rule.t += 1
+        hp = rule.hyperparam
+        state = rule.state
+        return (state['n'], state['g'], state['delta']), (
+            _f32(hp.lr), _f32(hp.alpha), _f32(1 - hp.alpha),
+            _f32(hp.momentum), _f32(hp.eps))
+
+
 # The optimizer classes with a fused rule. Their subclasses that change
 # nothing of the update (AdamW, AMSGrad, AdaBound and AMSBound, which only
 # set Adam's options, and a user's subclass) are fused as them.
@@ -640,6 +716,8 @@ FUSED_RULES = {
     optimizers.Adam: FusedAdam,
     optimizers.RMSprop: FusedRMSprop,
     optimizers.AdaGrad: FusedAdaGrad,
+    optimizers.AdaDelta: FusedAdaDelta,
+    optimizers.RMSpropGraves: FusedRMSpropGraves,
 }
 
 
@@ -930,10 +1008,13 @@ OPTIMIZERS = {
     'adam': lambda: optimizers.Adam(alpha=0.001),
     'rmsprop': lambda: optimizers.RMSprop(lr=0.01),
     'adagrad': lambda: optimizers.AdaGrad(lr=0.01),
+    'adadelta': lambda: optimizers.AdaDelta(),
+    'rmsprop_graves': lambda: optimizers.RMSpropGraves(lr=0.01),
 }
 # State arrays per parameter of each, for the bytes an update moves.
 _STATE_ARRAYS = {'sgd': 0, 'momentum_sgd': 1, 'corrected_momentum_sgd': 1,
-                 'nesterov_ag': 1, 'adam': 2, 'rmsprop': 1, 'adagrad': 1}
+                 'nesterov_ag': 1, 'adam': 2, 'rmsprop': 1, 'adagrad': 1,
+                 'adadelta': 2, 'rmsprop_graves': 3}
 
 
 def make_optimizer(name):

@@ -30,8 +30,8 @@ backward of earlier layers still runs.
 
 The split needs every parameter to be updated by a fused rule (SGD,
 MomentumSGD, CorrectedMomentumSGD, NesterovAG, Adam and its variants,
-RMSprop, AdaGrad, and their subclasses that change nothing of the update,
-with element-wise hooks; see
+RMSprop, AdaGrad, AdaDelta, RMSpropGraves, and their subclasses that change
+nothing of the update, with element-wise hooks; see
 :mod:`~cgdp_chainer.runtime.host.fused_classes`), or to be frozen (its
 gradient is reduced, and it is not updated): an update rule of Chainer's
 own keeps its state in the process and updates whole arrays. Where a
