@@ -11,10 +11,11 @@ Chainer's and ChainerCV's examples spell them: ``Adam`` with the deprecated
 ``chainer.optimizer.Lasso``, ``RMSprop`` (eps inside the square root)
 with ``chainer.optimizer.GradientHardClipping``, ``AdaGrad`` with
 ``chainer.optimizer.WeightDecay``, ``AdaDelta`` with
-``chainer.optimizer.Lasso`` and ``RMSpropGraves``. The first layer of every model is
-frozen (``disable_update()``, as ChainerCV's FPN freezes its first
-convolution and BatchNormalization): its gradient is still the mean over
-the ranks after each update, with the hooks applied, and it never changes.
+``chainer.optimizer.Lasso`` and ``RMSpropGraves``. The first layer of
+every model is frozen (``disable_update()``, as ChainerCV's FPN freezes
+its first convolution and BatchNormalization): its gradient is still the
+mean over the ranks after each update, with the hooks applied, and it never
+changes.
 
 The loop is the custom one of examples/mnist/train_mnist_custom_loop.py:
 ``optimizer.update(model, x, t)`` per batch; the loss per epoch is

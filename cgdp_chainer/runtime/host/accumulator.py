@@ -94,9 +94,10 @@ class HostAccumulator(object):
 
     Where the optimizer has a fused host rule (SGD, MomentumSGD,
     CorrectedMomentumSGD, NesterovAG, Adam and its variants, RMSprop,
-    AdaGrad, AdaDelta, RMSpropGraves, with the hooks ``WeightDecay``, ``Lasso`` and
-    ``GradientHardClipping``, and subclasses of these that change nothing
-    of the update; see :mod:`cgdp_chainer.runtime.host.host_update`),
+    AdaGrad, AdaDelta, RMSpropGraves, with the hooks ``WeightDecay``,
+    ``Lasso`` and ``GradientHardClipping``, and subclasses of these that
+    change nothing of the update; see
+    :mod:`cgdp_chainer.runtime.host.host_update`),
     the reduction and the update of a parameter are one pass over its slots,
     the parameter and its state, split across the host's cores. The
     parameters, the devices' slots, the master's gradients and the fused
@@ -488,8 +489,9 @@ class HostAccumulator(object):
                     runs.append(group)
                     group, key = [], None
                     continue
-                frozen.append(still)
-                still = []
+                if still:
+                    frozen.append(still)
+                    still = []
                 if not fused_rule.fuses(param):
                     unfused.append(name)
                     runs.append(group)

@@ -33,11 +33,12 @@ thread (:class:`BlockPool`); both backends release the GIL while they compute.
 
 The fused rules: ``SGD``, ``MomentumSGD``, ``CorrectedMomentumSGD``,
 ``NesterovAG``, ``Adam`` (with AdamW, AMSGrad, AdaBound, AMSBound),
-``RMSprop``, ``AdaGrad``, ``AdaDelta`` and ``RMSpropGraves``. A subclass of one of these optimizers, hooks or
-update rules that changes nothing of the update (Chainer's deprecated
-aliases such as ``chainer.optimizer.WeightDecay``, or a subclass that sets
-defaults in ``__init__``) is fused as its base; one that redefines a method
-of its base's keeps Chainer's path (see
+``RMSprop``, ``AdaGrad``, ``AdaDelta`` and ``RMSpropGraves``. A subclass
+of one of these optimizers, hooks or update rules that changes nothing of
+the update (Chainer's deprecated aliases such as
+``chainer.optimizer.WeightDecay``, or a subclass that sets defaults in
+``__init__``) is fused as its base; one that redefines a method of its
+base's keeps Chainer's path (see
 :mod:`~cgdp_chainer.runtime.host.fused_classes`).
 
 What is not fused goes through Chainer's own update rule, unchanged: other
