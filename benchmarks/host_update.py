@@ -23,6 +23,15 @@ timing, so that page faults do not count) next to each row, since the
 machine may be shared. Targets: >= 0.85 of the copy for
 both optimizers with 4 slots; fused Adam >= 4x Chainer's.
 
+``--spellings N`` adds the spellings of real scripts (issue 40): CGDP on a
+host-bound model (``--spelling-layers`` of ``Linear(--spelling-units,
+--spelling-units)``, 2 ``'@numpy'`` replicas of batch 2), N measured
+iterations (median and best) of ``Adam`` with
+``chainer.optimizer.WeightDecay`` against ``Adam`` with
+``optimizer_hooks.WeightDecay``, and of ``CorrectedMomentumSGD`` against
+``MomentumSGD``, each pair in turns; the
+ratio's target is <= 1.10 (both fused: the same arrays move).
+
 ``--training N`` adds the effect in training: CGDP with Adam on the network
 at 64 px, batch 4 per replica, 2 ``'@numpy'`` replicas, N measured
 iterations (median, after 2 warm-up ones) with the fused rules and with
@@ -33,9 +42,12 @@ Usage::
     python -m benchmarks.host_update [--net resnet152] [--slots 1,2,4]
         [--optimizers momentum_sgd,adam] [--repeats 3] [--threads N]
         [--backends numba,numpy] [--no-chainer] [--no-grads] [--training N]
+        [--spellings N] [--spelling-units 4096] [--spelling-layers 4]
+        [--no-rules]
 """
 import models  # NOQA: first, so cgdp_chainer._compat runs before Chainer
 
+import functools
 import os
 import statistics
 import time
@@ -112,22 +124,96 @@ def training_seconds(net, iterations, warmup=2, n_replicas=2, batch=4,
                      image_size=64):
     """Median seconds per CGDP iteration, fused and Chainer's rules, their
     iterations taken in turns so that a shared machine's load hits both."""
+    times = seconds_in_turns(
+        {fused: functools.partial(cgdp_updater, net, fused, n_replicas,
+                                  batch, image_size)
+         for fused in (True, False)}, iterations, warmup)
+    return (statistics.median(times[True]),
+            statistics.median(times[False]))
+
+
+def seconds_in_turns(makers, iterations, warmup=2):
+    """Seconds of each measured iteration of each updater that ``makers``
+    (key -> callable) build, their iterations taken in turns so that a
+    shared machine's load hits each alike."""
     updaters = {}
-    times = {True: [], False: []}
+    times = {key: [] for key in makers}
     try:
-        for fused in (True, False):
-            updaters[fused] = cgdp_updater(net, fused, n_replicas, batch,
-                                           image_size)
+        for key, make in makers.items():
+            updaters[key] = make()
         for i in range(warmup + iterations):
-            for fused, updater in updaters.items():
+            for key, updater in updaters.items():
                 start = time.perf_counter()
                 updater.update()
                 if i >= warmup:
-                    times[fused].append(time.perf_counter() - start)
+                    times[key].append(time.perf_counter() - start)
     finally:
         for updater in updaters.values():
             updater.finalize()
-    return statistics.median(times[True]), statistics.median(times[False])
+    return times
+
+
+# Spellings of real scripts against the canonical spelling that computes
+# the same (issue 40): (label, optimizer, hooks) pairs, timed in turns.
+SPELLINGS = [
+    (('Adam + chainer.optimizer.WeightDecay',
+      lambda: chainer.optimizers.Adam(alpha=1e-4),
+      lambda: [chainer.optimizer.WeightDecay(1e-4)]),
+     ('Adam + optimizer_hooks.WeightDecay',
+      lambda: chainer.optimizers.Adam(alpha=1e-4),
+      lambda: [chainer.optimizer_hooks.WeightDecay(1e-4)])),
+    (('CorrectedMomentumSGD',
+      lambda: chainer.optimizers.CorrectedMomentumSGD(lr=0.01),
+      lambda: []),
+     ('MomentumSGD',
+      lambda: chainer.optimizers.MomentumSGD(lr=0.01),
+      lambda: [])),
+]
+SPELLING_TARGET = 1.10
+
+
+def host_bound_updater(make_optimizer, make_hooks, units, layers,
+                       n_replicas=2, batch=2):
+    """CGDP over ``n_replicas`` '@numpy' replicas of ``layers``
+    ``Linear(units, units)`` on a tiny batch: the host's update is most of
+    an iteration."""
+    rng = numpy.random.RandomState(0)
+    model = chainer.links.Classifier(chainer.Sequential(*[
+        chainer.links.Linear(units, units, initialW=chainer.initializers
+                             .Normal(0.01, rng=rng))
+        for _ in range(layers)]))
+    optimizer = make_optimizer()
+    optimizer.setup(model)
+    for hook in make_hooks():
+        optimizer.add_hook(hook)
+    n = batch * n_replicas
+    data = chainer.datasets.TupleDataset(
+        rng.uniform(-1, 1, (n, units)).astype(numpy.float32),
+        rng.randint(0, units, n).astype(numpy.int32))
+    iterator = chainer.iterators.SerialIterator(data, n, shuffle=False)
+    return cgdp_chainer.CGDPUpdater(iterator, optimizer,
+                                    ['@numpy'] * n_replicas, chunk_size=1)
+
+
+def spelling_verdicts(iterations, units, layers):
+    """Each spelling's iteration time over its canonical twin's, timed in
+    turns on a host-bound model, as verdict lines."""
+    verdicts = []
+    for spelled, canonical in SPELLINGS:
+        times = seconds_in_turns(
+            {label: functools.partial(host_bound_updater, make, hooks, units,
+                                      layers)
+             for label, make, hooks in (spelled, canonical)}, iterations)
+        ours, theirs = times[spelled[0]], times[canonical[0]]
+        verdicts.append(
+            '{} layers of Linear({u}, {u}), 2 @numpy replicas: {} {:.4f} '
+            's/iteration (best {:.4f}), {} {:.4f} s (best {:.4f}); ratio '
+            '{:.2f} (best: {:.2f}; target <= {:.2f})'.format(
+                layers, spelled[0], statistics.median(ours), min(ours),
+                canonical[0], statistics.median(theirs), min(theirs),
+                statistics.median(ours) / statistics.median(theirs),
+                min(ours) / min(theirs), SPELLING_TARGET, u=units))
+    return verdicts
 
 
 def parse_arguments(argv):
@@ -152,6 +238,18 @@ def parse_arguments(argv):
     parser.add_argument('--training', default=0, type=cli.non_negative_int,
                         help='measured CGDP training iterations with Adam '
                         '(0: skip)')
+    parser.add_argument('--spellings', default=0, type=cli.non_negative_int,
+                        help='measured CGDP iterations of each spelling '
+                        'of a script against its canonical twin on a '
+                        'host-bound model (0: skip)')
+    parser.add_argument('--spelling-units', default=4096,
+                        type=cli.positive_int,
+                        help="units of the host-bound model's layers")
+    parser.add_argument('--spelling-layers', default=4,
+                        type=cli.positive_int,
+                        help="layers of the host-bound model")
+    parser.add_argument('--no-rules', action='store_true',
+                        help='skip the per-optimizer update rows')
     args = parser.parse_args(argv)
     args.backends = args.backends or (
         ['numba', 'numpy'] if host_update.numba_available() else ['numpy'])
@@ -248,8 +346,11 @@ def main(argv=None):
         'optimizer', 'slots', 'path', 's/iter', 'GB/s', 'of copy',
         'copy GB/s'))
     verdicts = []
-    for name in args.optimizers:
+    for name in [] if args.no_rules else args.optimizers:
         verdicts += measure_optimizer(name, args, shapes, threads)
+    if args.spellings:
+        verdicts += spelling_verdicts(args.spellings, args.spelling_units,
+                                      args.spelling_layers)
     if args.training:
         fused, plain = training_seconds(args.net, args.training)
         verdicts.append(

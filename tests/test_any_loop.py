@@ -51,6 +51,7 @@ SHAPES = {
     'bptt': ('anyloop_bptt.py', 'anyloop-bptt'),
     'custom_loop': ('anyloop_custom_loop.py', 'anyloop-custom-loop'),
     'loss_scaling': ('anyloop_loss_scaling.py', 'anyloop-loss-scaling'),
+    'spellings': ('anyloop_spellings.py', 'anyloop-spellings'),
 }
 RESUME = ('anyloop_trainer_resume.py', 'anyloop-trainer-resume')
 SNAPSHOT_AT = 3
@@ -114,6 +115,7 @@ def trained(tmp_path_factory):
                 job = run_job(command, JOB_TIMEOUT)
             assert_ok(job, name)
             _RUNS[key] = Run(IMPLS[role], out)
+            _RUNS[key].output = job.output
         return _RUNS[key]
     return run
 
@@ -219,6 +221,18 @@ def test_a_host_per_rank_trains_what_a_shared_node_host_does(
 # until an event orders them), with the NumPy stand-in of tests/
 # cuda_standin.py; ChainerMN's '@numpy' run is the reference.
 STANDIN = ('--device', 'standin')
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize('args', [(), STANDIN], ids=['numpy', 'standin'])
+def test_the_spellings_of_real_scripts_share_one_node_host(mpiexec, trained,
+                                                           args):
+    # Deprecated hook aliases, CorrectedMomentumSGD, RMSprop, AdaGrad,
+    # AdaDelta, RMSpropGraves and a frozen layer (issue 40; the script
+    # checks that the frozen layers never change): the ranks of the machine
+    # share one host.
+    run = trained(*SHAPES['spellings'], 1, *args)
+    assert 'host of its own' not in run.output, run.output
 
 
 @pytest.mark.mpi

@@ -19,7 +19,8 @@ import staged_models
 OPTIMIZERS = {
     'momentum': lambda: chainer.optimizers.MomentumSGD(lr=0.1),  # fused
     'adam': lambda: chainer.optimizers.Adam(alpha=0.01),          # fused
-    'adagrad': lambda: chainer.optimizers.AdaGrad(lr=0.1),        # Chainer's
+    'adagrad': lambda: chainer.optimizers.AdaGrad(lr=0.1),        # fused
+    'smorms3': lambda: chainer.optimizers.SMORMS3(lr=0.01),       # Chainer's
 }
 # Bounds that clip some of these gradients (the test checks that they do).
 CLIP = 0.05
@@ -264,7 +265,7 @@ HOOKS = {'none': list,
 @pytest.mark.parametrize('n', [1, 2])
 @pytest.mark.parametrize('optimizer,hooks', [
     ('momentum', 'none'), ('momentum', 'weight_decay'),
-    ('adagrad', 'weight_decay')])
+    ('adagrad', 'weight_decay'), ('smorms3', 'weight_decay')])
 def test_param_grad_is_a_view_of_the_first_slot(workers, n, optimizer,
                                                  hooks):
     """The reduced gradient lies in the first replica's slot, which
@@ -291,7 +292,7 @@ def test_param_grad_is_a_view_of_the_first_slot(workers, n, optimizer,
     finally:
         updater.finalize()
     assert_same_grads(want, got)
-    fused = optimizer != 'adagrad'
+    fused = optimizer != 'smorms3'
     assert (stored > 0) == (fused and (n > 1 or hooks != 'none'))
     # Taken out of the replicas' (shared) memory as it was freed.
     for name, p in model.namedparams():

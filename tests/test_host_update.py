@@ -39,6 +39,15 @@ FUSED_OPTIMIZERS = {
     'adabound': lambda: optimizers.AdaBound(alpha=0.01, final_lr=0.05),
     'amsbound': lambda: optimizers.AMSBound(alpha=0.01, final_lr=0.05,
                                             gamma=0.1),
+    'corrected_momentum_sgd': lambda: optimizers.CorrectedMomentumSGD(
+        lr=0.1, momentum=0.9),
+    'rmsprop': lambda: optimizers.RMSprop(lr=0.01, alpha=0.9),
+    'rmsprop_eps_inside': lambda: optimizers.RMSprop(
+        lr=0.01, alpha=0.95, eps=1e-4, eps_inside_sqrt=True),
+    'adagrad': lambda: optimizers.AdaGrad(lr=0.05, eps=1e-6),
+    'adadelta': lambda: optimizers.AdaDelta(rho=0.9, eps=1e-4),
+    'rmsprop_graves': lambda: optimizers.RMSpropGraves(lr=0.01, alpha=0.9,
+                                                       momentum=0.8),
 }
 
 # reduction, shares of the batch per slot count
@@ -204,7 +213,21 @@ def test_fused_rule_equals_chainer(name, backend):
             assert fused_names(rig) == sorted(dict(rig.model.namedparams()))
 
 
+class DefaultDecay(optimizer_hooks.WeightDecay):
+    """A user's spelling: WeightDecay with its rate set in ``__init__``."""
+
+    def __init__(self):
+        super(DefaultDecay, self).__init__(0.015)
+
+
 HOOKS = {
+    # Chainer's deprecated aliases (subclasses that warn in __init__), as
+    # its dcgan, pix2pix and pos examples spell them.
+    'aliases': lambda: [
+        chainer.optimizer.GradientHardClipping(-0.4, 0.3),
+        chainer.optimizer.WeightDecay(0.02),
+        chainer.optimizer.Lasso(0.001)],
+    'user_subclass': lambda: [DefaultDecay()],
     'weight_decay': lambda: [optimizer_hooks.WeightDecay(0.01)],
     'lasso': lambda: [optimizer_hooks.Lasso(0.003)],
     'hard_clipping': lambda: [
@@ -217,7 +240,9 @@ HOOKS = {
 
 
 @pytest.mark.parametrize('hooks', sorted(HOOKS))
-@pytest.mark.parametrize('name', ['momentum_sgd', 'adam', 'nesterov_ag'])
+@pytest.mark.parametrize('name', ['momentum_sgd', 'adam', 'nesterov_ag',
+                                  'corrected_momentum_sgd', 'rmsprop',
+                                  'adagrad'])
 def test_fused_hooks_equal_chainer(name, hooks, backend):
     rig = run_both(FUSED_OPTIMIZERS[name], HOOKS[hooks](), 2, 'mean',
                    [0.25, 0.75])
@@ -234,14 +259,83 @@ def test_clipping_hook_changes_the_result(backend):
     assert not numpy.allclose(clip.model.w1.array, plain.model.w1.array)
 
 
+class SlowAdamRule(optimizers.adam.AdamRule):
+    """Adam's rule with its own NumPy update: it keeps Chainer's path."""
+
+    def update_core_cpu(self, param):
+        param.grad *= 0.5
+        super(SlowAdamRule, self).update_core_cpu(param)
+
+
+class SlowAdam(optimizers.Adam):
+    """An Adam whose rules change the update."""
+
+    def create_update_rule(self):
+        return SlowAdamRule(self.hyperparam)
+
+
+class QuietAdamRule(optimizers.adam.AdamRule):
+    """Adam's rule that only sets its options in ``__init__``."""
+
+    def __init__(self, parent_hyperparam):
+        super(QuietAdamRule, self).__init__(parent_hyperparam, beta2=0.99)
+
+
+class QuietAdam(optimizers.Adam):
+    """An Adam subclass that sets defaults: fused as Adam."""
+
+    def __init__(self):
+        super(QuietAdam, self).__init__(alpha=0.02, beta1=0.8)
+
+
+class SquaredSGDRule(optimizers.sgd.SGDRule):
+    """An SGD rule whose own attribute changes the update."""
+
+    def update_core_cpu(self, param):
+        param.array -= self.hyperparam.lr * param.grad * param.grad
+
+
+class SquaredSGD(optimizers.SGD):
+
+    def create_update_rule(self):
+        return SquaredSGDRule(self.hyperparam)
+
+
 @pytest.mark.parametrize('make_optimizer', [
-    lambda: optimizers.RMSprop(lr=0.01),
-    lambda: optimizers.AdaGrad(lr=0.01),
-    lambda: optimizers.AdaDelta(),
-], ids=['rmsprop', 'adagrad', 'adadelta'])
+    lambda: optimizers.SMORMS3(lr=0.01),
+    lambda: optimizers.MSVAG(lr=0.01),
+    SlowAdam,
+    SquaredSGD,
+], ids=['smorms3', 'msvag', 'rule_subclass', 'changed_rule'])
 def test_unfused_optimizers_equal_chainer(make_optimizer, backend):
     rig = run_both(make_optimizer, [], 2, 'mean', [0.3, 0.7])
     assert fused_names(rig) == []
+
+
+def test_a_subclass_that_changes_nothing_of_the_update_is_fused(backend):
+    # QuietAdam overrides only __init__ and makes its rules as Adam does;
+    # a rule class that overrides only __init__ is fused as Adam's too.
+    def quiet_rules():
+        optimizer = QuietAdam()
+        optimizer.create_update_rule = \
+            lambda: QuietAdamRule(optimizer.hyperparam)
+        return optimizer
+
+    for make in (QuietAdam, quiet_rules):
+        rig = run_both(make, HOOKS['user_subclass'](), 2, 'mean',
+                       [0.5, 0.5])
+        assert fused_names(rig) == sorted(dict(rig.model.namedparams()))
+    assert type(rig.model.w1.update_rule) is QuietAdamRule
+
+
+class HalvedDecay(optimizer_hooks.WeightDecay):
+    """A WeightDecay subclass that changes what it computes."""
+
+    name = 'HalvedDecay'
+
+    def __call__(self, rule, param):
+        super(HalvedDecay, self).__call__(rule, param)
+        param.grad *= 0.5
 
 
 class HalveGradient(object):
@@ -268,7 +362,8 @@ def clipping_after_the_update():
                                           weight_decay=0.01)],
     clipping_after_the_update,
     lambda: [HalveGradient()],
-], ids=['lars', 'post_timing', 'user_hook'])
+    lambda: [chainer.optimizer.WeightDecay(0.01), HalvedDecay(0.01)],
+], ids=['lars', 'post_timing', 'user_hook', 'changed_subclass'])
 def test_unfused_hooks_equal_chainer(make_hooks, backend):
     hooks = make_hooks()
     rig = run_both(FUSED_OPTIMIZERS['adam'], hooks, 2, 'mean', [0.5, 0.5])

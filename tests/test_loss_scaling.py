@@ -26,7 +26,8 @@ POISONED_EXAMPLE = 13
 OPTIMIZERS = {
     'momentum': lambda: chainer.optimizers.MomentumSGD(lr=0.1),  # fused
     'adam': lambda: chainer.optimizers.Adam(alpha=0.01),          # fused
-    'adagrad': lambda: chainer.optimizers.AdaGrad(lr=0.1),        # Chainer's
+    'adagrad': lambda: chainer.optimizers.AdaGrad(lr=0.1),        # fused
+    'smorms3': lambda: chainer.optimizers.SMORMS3(lr=0.01),       # Chainer's
 }
 
 
@@ -128,7 +129,7 @@ def test_static_loss_scale_trains_as_standard_updater(workers, optimizer):
 
 
 @pytest.mark.parametrize('workers', equivalence.WORKERS)
-@pytest.mark.parametrize('optimizer', ['momentum', 'adagrad'])
+@pytest.mark.parametrize('optimizer', ['momentum', 'smorms3'])
 def test_dynamic_loss_scaling_skips_a_non_finite_iteration(workers,
                                                            optimizer):
     want = run(standard, optimizer, 'dynamic', hooks=True, poisoned=True)

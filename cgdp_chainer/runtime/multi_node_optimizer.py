@@ -682,6 +682,8 @@ def _bind_state(optimizer, state, layout, write):
     fused_rule = host_update_module.fused_rule_for(optimizer)
     params = dict(optimizer.target.namedparams())
     for name in layout.names:
+        if host_update_module.frozen(params[name]):
+            continue  # no state, as with Chainer
         rule = params[name].update_rule
         state.bind(name, rule, fused_rule.state_keys_of(rule), copy=write)
 

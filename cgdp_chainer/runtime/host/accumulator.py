@@ -92,9 +92,12 @@ class HostAccumulator(object):
     the chunk's parameters (with the optimizer's per-parameter hooks) and
     publishes the new values to every device.
 
-    Where the optimizer has a fused host rule (SGD, MomentumSGD, NesterovAG,
-    Adam and its variants, with the hooks ``WeightDecay``, ``Lasso`` and
-    ``GradientHardClipping``; see :mod:`cgdp_chainer.runtime.host.host_update`),
+    Where the optimizer has a fused host rule (SGD, MomentumSGD,
+    CorrectedMomentumSGD, NesterovAG, Adam and its variants, RMSprop,
+    AdaGrad, AdaDelta, RMSpropGraves, with the hooks ``WeightDecay``,
+    ``Lasso`` and ``GradientHardClipping``, and subclasses of these that
+    change nothing of the update; see
+    :mod:`cgdp_chainer.runtime.host.host_update`),
     the reduction and the update of a parameter are one pass over its slots,
     the parameter and its state, split across the host's cores. The
     parameters, the devices' slots, the master's gradients and the fused
@@ -102,8 +105,9 @@ class HostAccumulator(object):
     (:mod:`~cgdp_chainer.runtime.transport.buffers`), so a chunk whose rules share
     their scalars is one call over one slice of each. Under MPI
     the chunk is reduced and all-reduced first and the fused update reads
-    the result. Everything else runs Chainer's own update rule on the
-    reduced ``param.grad``.
+    the result. A frozen parameter (``Link.disable_update()``) is reduced
+    into ``param.grad`` and not updated, as Chainer leaves it. Everything
+    else runs Chainer's own update rule on the reduced ``param.grad``.
 
     After an iteration started with ``write_grads=True`` every master
     ``param.grad`` holds the gradient its update used, as
@@ -202,6 +206,9 @@ class HostAccumulator(object):
         self._slot_is_sum = False
         self._loss_scale = None
         self._hook_program = None
+        # The same without the loss scale's division: what the hooks do to
+        # a frozen parameter's gradient.
+        self._frozen_program = None
         self.grads_written = 0
         # Fused update calls so far: one per run of a chunk's slice.
         self.fused_calls = 0
@@ -315,11 +322,13 @@ class HostAccumulator(object):
         self._slot_is_sum = (len(self.transfers) == 1 and
                              self.allreducer is None and
                              self._weights[0] == 1.0)
-        self._hook_program = None
+        self._hook_program = self._frozen_program = None
         if self._host_update is not None:
+            hooks = optimizer_hooks(self.optimizer)
             self._hook_program = self._host_update.hooks(
-                *optimizer_hooks(self.optimizer),
-                loss_scale=self._loss_scale)
+                *hooks, loss_scale=self._loss_scale)
+            self._frozen_program = self._host_update.hooks(
+                *hooks, loss_scale=self._loss_scale, divide=False)
         if not self.deferred_update:
             # Chainer's GradientMethod.update advances t once per update.
             self.optimizer.t += 1
@@ -424,14 +433,16 @@ class HostAccumulator(object):
             # Fused runs are reduced inside their update.
             program = self._program(chunk, names)
             with self._span('reduce', chunk):
-                self._reduce(program.unfused)
+                self._reduce(program.unfused + program.frozen_names())
         else:
             # The cross-rank sum needs every reduced gradient first.
             with self._span('reduce', chunk):
                 self._reduce_across_ranks(names, sequence, chunk)
             program = self._program(chunk, names)
         with self._span('update', chunk):
-            self._update(program.unfused)
+            # A frozen parameter's update is nothing; the optimizer's hooks
+            # still change its gradient, as Chainer's do.
+            self._update(program.unfused + program.frozen_names())
             if program.runs:
                 self._fused_update(program.runs,
                                    from_slots=self.allreducer is None)
@@ -464,14 +475,23 @@ class HostAccumulator(object):
         """
         host_update = self._host_update
         if host_update is None or self._hook_program is None or not names:
-            return _ChunkProgram([], list(names))
+            return _ChunkProgram([], list(names), [])
         fused_rule = host_update.fused_rule
-        runs, unfused = [], []
+        runs, unfused, frozen = [], [], []
         for run in self._layout.span(names).runs:
-            group, key = [], None
+            group, key, still = [], None, []
             for name in run.names:
                 param = self.master_params[name]
                 rule = param.update_rule
+                if host_update_module.frozen(param):
+                    # Reduced (param.grad is the mean), never updated.
+                    still.append(name)
+                    runs.append(group)
+                    group, key = [], None
+                    continue
+                if still:
+                    frozen.append(still)
+                    still = []
                 if not fused_rule.fuses(param):
                     unfused.append(name)
                     runs.append(group)
@@ -485,10 +505,12 @@ class HostAccumulator(object):
                 self._state.bind(name, rule, fused_rule.state_keys_of(rule))
                 group.append(name)
             runs.append(group)
+            frozen.append(still)
         return _ChunkProgram(
             [(self._layout.run_of(group),
               [self.master_params[name].update_rule for name in group])
-             for group in runs if group], unfused)
+             for group in runs if group], unfused,
+            [self._layout.run_of(still) for still in frozen if still])
 
     def _own_grads(self, names):
         """Makes ``param.grad`` of ``names`` the accumulator's views again
@@ -667,12 +689,18 @@ class HostAccumulator(object):
 
 
 class _ChunkProgram(object):
-    """How one chunk is updated: its fused runs, as ``(Run, rules)``, and
-    the parameters left to Chainer's rules."""
+    """How one chunk is updated: its fused runs, as ``(Run, rules)``, the
+    parameters left to Chainer's rules, and the runs of frozen parameters
+    (:func:`~cgdp_chainer.runtime.host.host_update.frozen`), whose
+    gradient is reduced and which are not updated."""
 
-    def __init__(self, runs, unfused):
+    def __init__(self, runs, unfused, frozen):
         self.runs = runs
         self.unfused = unfused
+        self.frozen = frozen
+
+    def frozen_names(self):
+        return [name for run in self.frozen for name in run.names]
 
 
 class _NullSpan(object):

@@ -126,6 +126,22 @@ def momentum_sgd(p, slots, n_slots, weights, weighted, codes, args, gout,
 
 
 @_jit
+def corrected_momentum_sgd(p, slots, n_slots, weights, weighted, codes, args,
+                           gout, write_g, begin, end, v, lr, momentum):
+    g = numpy.empty(NUMBA_BLOCK, numpy.float32)
+    for start in range(begin, end, NUMBA_BLOCK):
+        n = min(NUMBA_BLOCK, end - start)
+        gradient(g, n, start, p, slots, n_slots, weights, weighted, codes,
+                 args, gout, write_g)
+        pb = p[start:start + n]
+        vb = v[start:start + n]
+        for j in range(n):
+            vj = vb[j] * momentum - g[j]
+            vb[j] = vj
+            pb[j] = pb[j] + vj * lr
+
+
+@_jit
 def nesterov(p, slots, n_slots, weights, weighted, codes, args, gout,
              write_g, begin, end, v, lr, momentum, k_v, k_g):
     g = numpy.empty(NUMBA_BLOCK, numpy.float32)
@@ -192,5 +208,92 @@ def adam(p, slots, n_slots, weights, weighted, codes, args, gout, write_g,
                        eps, amsgrad, adabound, lower, upper, decay, a, b)
 
 
-KERNELS = {'sgd': sgd, 'momentum_sgd': momentum_sgd, 'nesterov': nesterov,
-           'adam': adam}
+@_jit
+def rmsprop(p, slots, n_slots, weights, weighted, codes, args, gout, write_g,
+            begin, end, ms, lr, alpha, one_minus_alpha, eps, eps_inside_sqrt):
+    g = numpy.empty(NUMBA_BLOCK, numpy.float32)
+    for start in range(begin, end, NUMBA_BLOCK):
+        n = min(NUMBA_BLOCK, end - start)
+        gradient(g, n, start, p, slots, n_slots, weights, weighted, codes,
+                 args, gout, write_g)
+        pb = p[start:start + n]
+        mb = ms[start:start + n]
+        for j in range(n):
+            gj = g[j]
+            mb[j] = mb[j] * alpha + (gj * one_minus_alpha) * gj
+        # The flag is tested outside the loops, so that each vectorizes.
+        if eps_inside_sqrt:
+            for j in range(n):
+                pb[j] = pb[j] - (g[j] * lr) / numpy.sqrt(mb[j] + eps)
+        else:
+            for j in range(n):
+                pb[j] = pb[j] - (g[j] * lr) / (numpy.sqrt(mb[j]) + eps)
+
+
+@_jit
+def adagrad(p, slots, n_slots, weights, weighted, codes, args, gout, write_g,
+            begin, end, h, lr, eps):
+    g = numpy.empty(NUMBA_BLOCK, numpy.float32)
+    for start in range(begin, end, NUMBA_BLOCK):
+        n = min(NUMBA_BLOCK, end - start)
+        gradient(g, n, start, p, slots, n_slots, weights, weighted, codes,
+                 args, gout, write_g)
+        pb = p[start:start + n]
+        hb = h[start:start + n]
+        for j in range(n):
+            gj = g[j]
+            hj = hb[j] + gj * gj
+            hb[j] = hj
+            pb[j] = pb[j] - (gj * lr) / (numpy.sqrt(hj) + eps)
+
+
+@_jit
+def adadelta(p, slots, n_slots, weights, weighted, codes, args, gout,
+             write_g, begin, end, msg, msdx, rho, one_minus_rho, eps):
+    g = numpy.empty(NUMBA_BLOCK, numpy.float32)
+    for start in range(begin, end, NUMBA_BLOCK):
+        n = min(NUMBA_BLOCK, end - start)
+        gradient(g, n, start, p, slots, n_slots, weights, weighted, codes,
+                 args, gout, write_g)
+        pb = p[start:start + n]
+        gb = msg[start:start + n]
+        xb = msdx[start:start + n]
+        for j in range(n):
+            gj = g[j]
+            mj = gb[j] * rho + (gj * one_minus_rho) * gj
+            gb[j] = mj
+            dx = numpy.sqrt((xb[j] + eps) / (mj + eps)) * gj
+            xb[j] = xb[j] * rho + (dx * one_minus_rho) * dx
+            pb[j] = pb[j] - dx
+
+
+@_jit
+def rmsprop_graves(p, slots, n_slots, weights, weighted, codes, args, gout,
+                   write_g, begin, end, ms, mg, delta, lr, alpha,
+                   one_minus_alpha, momentum, eps):
+    g = numpy.empty(NUMBA_BLOCK, numpy.float32)
+    for start in range(begin, end, NUMBA_BLOCK):
+        n = min(NUMBA_BLOCK, end - start)
+        gradient(g, n, start, p, slots, n_slots, weights, weighted, codes,
+                 args, gout, write_g)
+        pb = p[start:start + n]
+        nb = ms[start:start + n]
+        mb = mg[start:start + n]
+        db = delta[start:start + n]
+        for j in range(n):
+            gj = g[j]
+            nj = nb[j] * alpha + (gj * one_minus_alpha) * gj
+            nb[j] = nj
+            mj = mb[j] * alpha + gj * one_minus_alpha
+            mb[j] = mj
+            dj = db[j] * momentum - (gj * lr) / numpy.sqrt(
+                (nj - mj * mj) + eps)
+            db[j] = dj
+            pb[j] = pb[j] + dj
+
+
+KERNELS = {'sgd': sgd, 'momentum_sgd': momentum_sgd,
+           'corrected_momentum_sgd': corrected_momentum_sgd,
+           'nesterov': nesterov, 'adam': adam, 'rmsprop': rmsprop,
+           'adagrad': adagrad, 'adadelta': adadelta,
+           'rmsprop_graves': rmsprop_graves}

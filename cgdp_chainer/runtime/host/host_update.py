@@ -31,11 +31,22 @@ Two backends compute the same blocks:
 A chunk's parameters are cut into pieces of about equal size, one per host
 thread (:class:`BlockPool`); both backends release the GIL while they compute.
 
+The fused rules: ``SGD``, ``MomentumSGD``, ``CorrectedMomentumSGD``,
+``NesterovAG``, ``Adam`` (with AdamW, AMSGrad, AdaBound, AMSBound),
+``RMSprop``, ``AdaGrad``, ``AdaDelta`` and ``RMSpropGraves``. A subclass
+of one of these optimizers, hooks or update rules that changes nothing of
+the update (Chainer's deprecated aliases such as
+``chainer.optimizer.WeightDecay``, or a subclass that sets defaults in
+``__init__``) is fused as its base; one that redefines a method of its
+base's keeps Chainer's path (see
+:mod:`~cgdp_chainer.runtime.host.fused_classes`).
+
 What is not fused goes through Chainer's own update rule, unchanged: other
 optimizers, parameters whose rule was replaced or has its own hooks, a
 parameter whose state is not created yet (its first update creates it),
 dtypes other than float32, and any optimizer hook other than the three above
-(then no parameter of that optimizer is fused: hooks apply to all).
+(then no parameter of that optimizer is fused: hooks apply to all). A frozen
+parameter (:func:`frozen`) is not updated at all.
 """
 import concurrent.futures
 import copy
@@ -50,6 +61,7 @@ import chainer  # NOQA: the caller (cgdp_chainer) imported the compat first
 from chainer import optimizer_hooks
 from chainer import optimizers
 
+from cgdp_chainer.runtime.host import fused_classes
 from cgdp_chainer.runtime.host import reduction
 
 BACKENDS = ('auto', 'numba', 'numpy')
@@ -123,48 +135,78 @@ def rule_hooks(rule):
             list(hookable._post_update_hooks.values()))
 
 
-def hook_program(pre, post, loss_scale=None):
+# The hooks with a fused form, and their codes in the program.
+_HOOK_CODES = {
+    optimizer_hooks.WeightDecay: _WEIGHT_DECAY,
+    optimizer_hooks.Lasso: _LASSO,
+    optimizer_hooks.GradientHardClipping: _HARD_CLIP,
+}
+
+
+def hook_program(pre, post, loss_scale=None, divide=True):
     """The fused form of the optimizer's per-parameter hooks.
 
     Chainer's optimizer hooks see the gradient as the backward left it,
     scaled by the loss scale where one is set (``WeightDecay`` scales its
     rate by it, ``Lasso`` and ``GradientHardClipping`` do not), and the
     update rule divides the gradient by the scale after them: the program
-    does the same, the division last.
+    does the same, the division last. A hook is fused as the hook it
+    subclasses where it changes nothing of its computation (Chainer's
+    deprecated aliases ``chainer.optimizer.WeightDecay`` and the like; see
+    :mod:`~cgdp_chainer.runtime.host.fused_classes`).
 
     Args:
         pre (list): The optimizer's pre-update hooks in order.
         post (list): Its post-update hooks.
         loss_scale (float or None): The optimizer's loss scale.
+        divide (bool): Whether the program ends with the loss scale's
+            division (False: the hooks only, as Chainer's optimizer hooks
+            leave a frozen parameter's gradient, which no update rule
+            divides; see :func:`apply_hooks`).
 
     Returns:
         tuple or None: ``(codes, args)`` arrays (int64 codes, float32 rows of
-        two arguments), or None where a hook cannot be fused.
+        two arguments), or None where a hook cannot be fused
+        (:func:`hook_refusal` says why).
     """
-    if post:
+    if hook_refusal(pre, post) is not None:
         return None
     codes, args = [], []
     for hook in pre:
-        kind = type(hook)
-        if kind is optimizer_hooks.WeightDecay:
+        code = _HOOK_CODES[fused_classes.fused_as(type(hook), _HOOK_CODES)]
+        if code == _WEIGHT_DECAY:
             rate = hook.rate
             if loss_scale is not None:
                 rate *= loss_scale
-            codes.append(_WEIGHT_DECAY)
             args.append((rate, 0.0))
-        elif kind is optimizer_hooks.Lasso:
-            codes.append(_LASSO)
+        elif code == _LASSO:
             args.append((hook.rate, 0.0))
-        elif kind is optimizer_hooks.GradientHardClipping:
-            codes.append(_HARD_CLIP)
-            args.append((hook.lower_bound, hook.upper_bound))
         else:
-            return None
-    if loss_scale is not None:
+            args.append((hook.lower_bound, hook.upper_bound))
+        codes.append(code)
+    if loss_scale is not None and divide:
         codes.append(_UNSCALE)
         args.append((loss_scale, 0.0))
     return (numpy.array(codes, dtype=numpy.int64),
             numpy.array(args, dtype=numpy.float32).reshape(len(codes), 2))
+
+
+def hook_refusal(pre, post):
+    """Why the optimizer's hooks have no fused form, naming the first hook
+    that has none, or None where they have one.
+
+    Args:
+        pre (list): The optimizer's pre-update hooks in order.
+        post (list): Its post-update hooks.
+    """
+    if post:
+        return 'hook {} runs after the update, which has no fused ' \
+            'form'.format(type(post[0]).__name__)
+    for hook in pre:
+        reason = fused_classes.why_not(type(hook), _HOOK_CODES)
+        if reason is not None:
+            return 'hook {} has no fused form'.format(reason)
+    return None
 
 
 # -- the NumPy backend --------------------------------------------------------
@@ -301,12 +343,132 @@ def _numpy_adam(p, slots, n_slots, weights, weighted, codes, args, gout,
             numpy.add(pb, t, out=pb)
 
 
+def _numpy_corrected_momentum(p, slots, n_slots, weights, weighted, codes,
+                              args, gout, write_g, begin, end, v, lr,
+                              momentum):
+    for buf, n, blk, g in _gradient_blocks(
+            p, slots, n_slots, weights, weighted, codes, args, gout, write_g,
+            begin, end):
+        vb, t = v[blk], buf.t[:n]
+        numpy.multiply(vb, momentum, out=vb)
+        numpy.subtract(vb, g, out=vb)
+        numpy.multiply(vb, lr, out=t)
+        numpy.add(p[blk], t, out=p[blk])
+
+
+def _numpy_rmsprop(p, slots, n_slots, weights, weighted, codes, args, gout,
+                   write_g, begin, end, ms, lr, alpha, one_minus_alpha, eps,
+                   eps_inside_sqrt):
+    for buf, n, blk, g in _gradient_blocks(
+            p, slots, n_slots, weights, weighted, codes, args, gout, write_g,
+            begin, end):
+        mb, t, u = ms[blk], buf.t[:n], buf.u[:n]
+        numpy.multiply(mb, alpha, out=mb)
+        numpy.multiply(g, one_minus_alpha, out=t)
+        numpy.multiply(t, g, out=t)
+        numpy.add(mb, t, out=mb)
+        if eps_inside_sqrt:
+            numpy.add(mb, eps, out=u)
+            numpy.sqrt(u, out=u)
+        else:
+            numpy.sqrt(mb, out=u)
+            numpy.add(u, eps, out=u)
+        numpy.multiply(g, lr, out=t)
+        numpy.divide(t, u, out=t)
+        numpy.subtract(p[blk], t, out=p[blk])
+
+
+def _numpy_adagrad(p, slots, n_slots, weights, weighted, codes, args, gout,
+                   write_g, begin, end, h, lr, eps):
+    for buf, n, blk, g in _gradient_blocks(
+            p, slots, n_slots, weights, weighted, codes, args, gout, write_g,
+            begin, end):
+        hb, t, u = h[blk], buf.t[:n], buf.u[:n]
+        numpy.multiply(g, g, out=t)
+        numpy.add(hb, t, out=hb)
+        numpy.sqrt(hb, out=u)
+        numpy.add(u, eps, out=u)
+        numpy.multiply(g, lr, out=t)
+        numpy.divide(t, u, out=t)
+        numpy.subtract(p[blk], t, out=p[blk])
+
+
+def _numpy_adadelta(p, slots, n_slots, weights, weighted, codes, args, gout,
+                    write_g, begin, end, msg, msdx, rho, one_minus_rho, eps):
+    for buf, n, blk, g in _gradient_blocks(
+            p, slots, n_slots, weights, weighted, codes, args, gout, write_g,
+            begin, end):
+        gb, xb, t, u = msg[blk], msdx[blk], buf.t[:n], buf.u[:n]
+        numpy.multiply(gb, rho, out=gb)
+        numpy.multiply(g, one_minus_rho, out=t)
+        numpy.multiply(t, g, out=t)
+        numpy.add(gb, t, out=gb)
+        numpy.add(xb, eps, out=t)
+        numpy.add(gb, eps, out=u)
+        numpy.divide(t, u, out=t)
+        numpy.sqrt(t, out=t)
+        numpy.multiply(t, g, out=t)  # dx
+        numpy.multiply(xb, rho, out=xb)
+        numpy.multiply(t, one_minus_rho, out=u)
+        numpy.multiply(u, t, out=u)
+        numpy.add(xb, u, out=xb)
+        numpy.subtract(p[blk], t, out=p[blk])
+
+
+def _numpy_rmsprop_graves(p, slots, n_slots, weights, weighted, codes, args,
+                          gout, write_g, begin, end, ms, mg, delta, lr, alpha,
+                          one_minus_alpha, momentum, eps):
+    for buf, n, blk, g in _gradient_blocks(
+            p, slots, n_slots, weights, weighted, codes, args, gout, write_g,
+            begin, end):
+        nb, gb, db, t, u = ms[blk], mg[blk], delta[blk], buf.t[:n], buf.u[:n]
+        numpy.multiply(nb, alpha, out=nb)
+        numpy.multiply(g, one_minus_alpha, out=t)
+        numpy.multiply(t, g, out=t)
+        numpy.add(nb, t, out=nb)
+        numpy.multiply(gb, alpha, out=gb)
+        numpy.multiply(g, one_minus_alpha, out=t)
+        numpy.add(gb, t, out=gb)
+        numpy.multiply(db, momentum, out=db)
+        numpy.multiply(gb, gb, out=u)
+        numpy.subtract(nb, u, out=u)
+        numpy.add(u, eps, out=u)
+        numpy.sqrt(u, out=u)
+        numpy.multiply(g, lr, out=t)
+        numpy.divide(t, u, out=t)
+        numpy.subtract(db, t, out=db)
+        numpy.add(p[blk], db, out=p[blk])
+
+
+def apply_hooks(p, grad, program):
+    """Applies a hook program to ``grad`` in place, with no update: what
+    the optimizer's hooks do to a frozen parameter's gradient (Chainer calls
+    them for every parameter).
+
+    Args:
+        p (numpy.ndarray): The parameters' flat float32 values.
+        grad (numpy.ndarray): Their flat float32 gradient, changed.
+        program (tuple): From :func:`hook_program` (``divide=False``).
+    """
+    codes, args = program
+    if codes.size == 0:
+        return
+    one = numpy.ones(1, numpy.float32)
+    for _ in _gradient_blocks(p, (grad,), 1, one, False, codes, args, grad,
+                              True, 0, grad.size):
+        pass
+
+
 _NUMPY_KERNELS = {'sgd': _numpy_sgd, 'momentum_sgd': _numpy_momentum,
-                  'nesterov': _numpy_nesterov, 'adam': _numpy_adam}
+                  'corrected_momentum_sgd': _numpy_corrected_momentum,
+                  'nesterov': _numpy_nesterov, 'adam': _numpy_adam,
+                  'rmsprop': _numpy_rmsprop, 'adagrad': _numpy_adagrad,
+                  'adadelta': _numpy_adadelta,
+                  'rmsprop_graves': _numpy_rmsprop_graves}
 
 
 def kernels(backend):
-    """The four fused kernels of ``backend`` (``'numba'`` or ``'numpy'``);
+    """The fused kernels of ``backend`` (``'numba'`` or ``'numpy'``);
     numba compiles each on its first call (and caches it on disk)."""
     if backend == 'numpy':
         return _NUMPY_KERNELS
@@ -346,7 +508,7 @@ class FusedRule(object):
             bool: False where Chainer's own rule must run (see the module).
         """
         rule = param.update_rule
-        if type(rule) is not self.rule_type or not rule.enabled:
+        if frozen(param) or not self.takes(type(rule)):
             return False
         array = param.array
         if not _fusable_array(array, array.size if array is not None else 0):
@@ -358,6 +520,12 @@ class FusedRule(object):
             if key not in state or not _fusable_array(state[key], array.size):
                 return False
         return self.rule_ok(rule)
+
+    def takes(self, rule_class):
+        """Whether rules of ``rule_class`` compute what :attr:`rule_type`'s
+        do (it or a subclass that changes nothing of its update)."""
+        return fused_classes.fused_as(rule_class, (self.rule_type,)) is \
+            not None
 
     def state_keys_of(self, rule):
         return self.state_keys
@@ -446,9 +614,7 @@ class FusedAdam(FusedRule):
             getattr(rule, 'initial_alpha', None),)
 
     def rule_ok(self, rule):
-        eps = rule.hyperparam.eps
-        # Chainer raises for an eps that underflows float32: let it.
-        return not (eps != 0 and _f32(eps) == 0)
+        return _eps_ok(rule.hyperparam.eps)
 
     def scalars(self, rule):
         rule.t += 1
@@ -464,26 +630,128 @@ class FusedAdam(FusedRule):
             a != 1, _f32(a), _f32(-hp.eta))
 
 
+class FusedCorrectedMomentumSGD(FusedRule):
+    """Chainer's ``v = momentum * v - grad``, ``param += lr * v``."""
+
+    rule_type = optimizers.corrected_momentum_sgd.CorrectedMomentumSGDRule
+    state_keys = ('v',)
+    kernel_name = 'corrected_momentum_sgd'
+
+    def scalars(self, rule):
+        rule.t += 1
+        hp = rule.hyperparam
+        return (rule.state['v'],), (_f32(hp.lr), _f32(hp.momentum))
+
+
+def _eps_ok(eps):
+    # Chainer raises for an eps that underflows float32: let it.
+    return not (eps != 0 and _f32(eps) == 0)
+
+
+class FusedRMSprop(FusedRule):
+    """RMSprop, with ``eps`` outside the square root or inside it."""
+
+    rule_type = optimizers.rmsprop.RMSpropRule
+    state_keys = ('ms',)
+    kernel_name = 'rmsprop'
+
+    def rule_ok(self, rule):
+        return _eps_ok(rule.hyperparam.eps)
+
+    def scalars(self, rule):
+        rule.t += 1
+        hp = rule.hyperparam
+        # Chainer: ``ms *= alpha``, ``ms += (1 - alpha) * grad * grad``
+        # (``1 - alpha`` a Python float, rounded once).
+        return (rule.state['ms'],), (
+            _f32(hp.lr), _f32(hp.alpha), _f32(1 - hp.alpha), _f32(hp.eps),
+            bool(hp.eps_inside_sqrt))
+
+
+class FusedAdaGrad(FusedRule):
+    rule_type = optimizers.ada_grad.AdaGradRule
+    state_keys = ('h',)
+    kernel_name = 'adagrad'
+
+    def scalars(self, rule):
+        rule.t += 1
+        hp = rule.hyperparam
+        return (rule.state['h'],), (_f32(hp.lr), _f32(hp.eps))
+
+
+class FusedAdaDelta(FusedRule):
+    rule_type = optimizers.ada_delta.AdaDeltaRule
+    state_keys = ('msg', 'msdx')
+    kernel_name = 'adadelta'
+
+    def scalars(self, rule):
+        rule.t += 1
+        hp = rule.hyperparam
+        return (rule.state['msg'], rule.state['msdx']), (
+            _f32(hp.rho), _f32(1 - hp.rho), _f32(hp.eps))
+
+
+class FusedRMSpropGraves(FusedRule):
+    rule_type = optimizers.rmsprop_graves.RMSpropGravesRule
+    # Chainer's keys: the mean square, the mean and the step.
+    state_keys = ('n', 'g', 'delta')
+    kernel_name = 'rmsprop_graves'
+
+    def scalars(self, rule):
+        rule.t += 1
+        hp = rule.hyperparam
+        state = rule.state
+        return (state['n'], state['g'], state['delta']), (
+            _f32(hp.lr), _f32(hp.alpha), _f32(1 - hp.alpha),
+            _f32(hp.momentum), _f32(hp.eps))
+
+
+# The optimizer classes with a fused rule. Their subclasses that change
+# nothing of the update (AdamW, AMSGrad, AdaBound and AMSBound, which only
+# set Adam's options, and a user's subclass) are fused as them.
 FUSED_RULES = {
     optimizers.SGD: FusedSGD,
     optimizers.MomentumSGD: FusedMomentumSGD,
+    optimizers.CorrectedMomentumSGD: FusedCorrectedMomentumSGD,
     optimizers.NesterovAG: FusedNesterovAG,
     optimizers.Adam: FusedAdam,
-    optimizers.AdamW: FusedAdam,
-    optimizers.AMSGrad: FusedAdam,
-    optimizers.AdaBound: FusedAdam,
-    optimizers.AMSBound: FusedAdam,
+    optimizers.RMSprop: FusedRMSprop,
+    optimizers.AdaGrad: FusedAdaGrad,
+    optimizers.AdaDelta: FusedAdaDelta,
+    optimizers.RMSpropGraves: FusedRMSpropGraves,
 }
 
 
 def fused_rule_for(optimizer):
-    """The fused rule for ``optimizer``'s class, or None (Chainer's path).
+    """The fused rule for ``optimizer``'s class, or None (Chainer's path;
+    :func:`optimizer_refusal` says why).
 
     Args:
         optimizer (chainer.Optimizer): Any optimizer.
     """
-    rule_class = FUSED_RULES.get(type(optimizer))
-    return None if rule_class is None else rule_class()
+    base = fused_classes.fused_as(type(optimizer), FUSED_RULES)
+    return None if base is None else FUSED_RULES[base]()
+
+
+def optimizer_refusal(optimizer):
+    """Why ``optimizer`` has no fused rule, naming its class, or None.
+
+    Args:
+        optimizer (chainer.Optimizer): Any optimizer.
+    """
+    reason = fused_classes.why_not(type(optimizer), FUSED_RULES)
+    if reason is None:
+        return None
+    return '{} has no fused host rule'.format(reason)
+
+
+def frozen(param):
+    """Whether ``param`` is not updated at all (no update rule, or one that
+    is disabled, as ``Link.disable_update`` leaves it): Chainer's
+    ``param.update()`` leaves it and its rule untouched, and so does the
+    fused update."""
+    rule = param.update_rule
+    return rule is None or not rule.enabled
 
 
 # -- threads ------------------------------------------------------------------
@@ -609,10 +877,10 @@ class HostUpdate(object):
                      numpy.ones(1, numpy.float32), False, codes, args,
                      param.grad, True, 0, 1, *(state + scalars))
 
-    def hooks(self, pre, post, loss_scale=None):
+    def hooks(self, pre, post, loss_scale=None, divide=True):
         """The fused hook program for these optimizer hooks (and the loss
-        scale), or None."""
-        return hook_program(pre, post, loss_scale)
+        scale), or None (see :func:`hook_program`)."""
+        return hook_program(pre, post, loss_scale, divide)
 
     def update(self, params, slots, weights, weighted, program, grads=None):
         """Sums, hooks and updates each parameter in one pass.
@@ -735,9 +1003,19 @@ def make_host_update(optimizer, n_threads=None, backend=None):
 OPTIMIZERS = {
     'sgd': lambda: optimizers.SGD(lr=0.01),
     'momentum_sgd': lambda: optimizers.MomentumSGD(lr=0.01, momentum=0.9),
+    'corrected_momentum_sgd': lambda: optimizers.CorrectedMomentumSGD(
+        lr=0.01, momentum=0.9),
     'nesterov_ag': lambda: optimizers.NesterovAG(lr=0.01, momentum=0.9),
     'adam': lambda: optimizers.Adam(alpha=0.001),
+    'rmsprop': lambda: optimizers.RMSprop(lr=0.01),
+    'adagrad': lambda: optimizers.AdaGrad(lr=0.01),
+    'adadelta': lambda: optimizers.AdaDelta(),
+    'rmsprop_graves': lambda: optimizers.RMSpropGraves(lr=0.01),
 }
+# State arrays per parameter of each, for the bytes an update moves.
+_STATE_ARRAYS = {'sgd': 0, 'momentum_sgd': 1, 'corrected_momentum_sgd': 1,
+                 'nesterov_ag': 1, 'adam': 2, 'rmsprop': 1, 'adagrad': 1,
+                 'adadelta': 2, 'rmsprop_graves': 3}
 
 
 def make_optimizer(name):
@@ -762,11 +1040,11 @@ def necessary_bytes(optimizer_name, n_elements, n_slots, itemsize=4):
         n_slots (int): Gradient slots summed.
         itemsize (int): Bytes per element.
     """
-    states = {'sgd': 0, 'momentum_sgd': 1, 'nesterov_ag': 1, 'adam': 2}
-    if optimizer_name not in states:
+    if optimizer_name not in _STATE_ARRAYS:
         raise ValueError('optimizer must be one of {}, not {!r}'.format(
-            ', '.join(sorted(states)), optimizer_name))
-    return itemsize * n_elements * (n_slots + 2 * (1 + states[optimizer_name]))
+            ', '.join(sorted(_STATE_ARRAYS)), optimizer_name))
+    return itemsize * n_elements * (
+        n_slots + 2 * (1 + _STATE_ARRAYS[optimizer_name]))
 
 
 def measure_seconds_per_element(optimizer_name, n_slots, n_elements=1 << 22,
@@ -781,8 +1059,7 @@ def measure_seconds_per_element(optimizer_name, n_slots, n_elements=1 << 22,
     ``repeats`` timed updates after one that warms up (and compiles).
 
     Args:
-        optimizer_name (str): ``'sgd'``, ``'momentum_sgd'``,
-            ``'nesterov_ag'`` or ``'adam'``.
+        optimizer_name (str): A key of :data:`OPTIMIZERS`.
         n_slots (int): Replica slots summed per update (>= 1).
         n_elements (int): Elements when ``shapes`` is None.
         repeats (int): Timed updates (>= 1).

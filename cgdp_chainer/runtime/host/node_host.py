@@ -29,11 +29,15 @@ rank's host thread starts the chunk's copy to the device, while the
 backward of earlier layers still runs.
 
 The split needs every parameter to be updated by a fused rule (SGD,
-MomentumSGD, NesterovAG, Adam and its variants, with element-wise hooks):
-an update rule of Chainer's own keeps its state in the process and updates
-whole arrays. Where a model or an optimizer needs one, or a hook needs the
-whole gradient, or loss scaling is dynamic, each rank keeps a host of its
-own instead (:func:`node_host_refusal` says why).
+MomentumSGD, CorrectedMomentumSGD, NesterovAG, Adam and its variants,
+RMSprop, AdaGrad, AdaDelta, RMSpropGraves, and their subclasses that change
+nothing of the update, with element-wise hooks; see
+:mod:`~cgdp_chainer.runtime.host.fused_classes`), or to be frozen (its
+gradient is reduced, and it is not updated): an update rule of Chainer's
+own keeps its state in the process and updates whole arrays. Where a
+model or an optimizer needs one, or a hook needs the whole gradient, or
+loss scaling is dynamic, each rank keeps a host of its own instead
+(:func:`node_host_refusal` says why, naming the class).
 """
 import os
 import platform
@@ -104,8 +108,8 @@ def prepare_rule_states(optimizer):
     from the first step on and the state can live in shared memory."""
     for param in optimizer.target.params():
         rule = param.update_rule
-        if rule is None or rule.state is not None:
-            continue
+        if host_update_module.frozen(param) or rule.state is not None:
+            continue  # Chainer creates no state for a frozen one either
         if rule._use_fp32_update and param.dtype == numpy.float16:
             # Chainer's first update creates this state from the rule's
             # float32 copy of the parameter: made here from the float16
@@ -133,19 +137,31 @@ def node_host_refusal(optimizer, check_params=True):
         return 'loss scaling is dynamic'
     fused_rule = host_update_module.fused_rule_for(optimizer)
     if fused_rule is None:
-        return '{} has no fused host rule'.format(type(optimizer).__name__)
+        return host_update_module.optimizer_refusal(optimizer)
     if os.environ.get(host_update_module.BACKEND_VARIABLE) == 'off':
         return 'fused host updates are off ({}=off)'.format(
             host_update_module.BACKEND_VARIABLE)
-    pre, post = accumulator_module.optimizer_hooks(optimizer)
-    if host_update_module.hook_program(pre, post) is None:
-        return 'a hook has no fused form'
-    if not check_params:
-        return None
+    refusal = host_update_module.hook_refusal(
+        *accumulator_module.optimizer_hooks(optimizer))
+    if refusal is not None or not check_params:
+        return refusal
     for name, param in sorted(optimizer.target.namedparams()):
+        if host_update_module.frozen(param):
+            continue  # not updated at all: its gradient is only reduced
         if not fused_rule.fuses(param):
-            return 'parameter {} is not updated by a fused rule'.format(name)
+            return 'parameter {} is not updated by a fused rule ({})'.format(
+                name, _rule_named(param))
     return None
+
+
+def _rule_named(param):
+    """What a parameter's update rule is, for a refusal."""
+    rule = param.update_rule
+    hooks = host_update_module.rule_hooks(rule)
+    if hooks:
+        return 'its rule has hook(s) of its own: {}'.format(
+            ', '.join(type(hook).__name__ for hook in hooks))
+    return 'its rule is {}'.format(type(rule).__name__)
 
 
 def state_keys(optimizer):
@@ -154,7 +170,8 @@ def state_keys(optimizer):
     fused_rule = host_update_module.fused_rule_for(optimizer)
     keys = set()
     for param in optimizer.target.params():
-        keys.update(fused_rule.state_keys_of(param.update_rule))
+        if not host_update_module.frozen(param):
+            keys.update(fused_rule.state_keys_of(param.update_rule))
     return sorted(keys)
 
 
@@ -329,7 +346,7 @@ class NodeAccumulator(accumulator_module.HostAccumulator):
                 'optimizer with node_host=False)'.format(program.unfused))
         self._own_grads(names)
         with self._span('update', chunk):
-            self._update_part(chunk, program.runs)
+            self._update_part(chunk, program.runs, program.frozen)
         self.memory.flags[PUBLISHED, chunk, self._local_rank] = \
             self._iteration_flag
         if self._to_device:
@@ -348,36 +365,50 @@ class NodeAccumulator(accumulator_module.HostAccumulator):
             self.transfers[0].publish(chunk, self.chunk_names[chunk])
         self._finish_one()
 
-    def _update_part(self, chunk, runs):
+    def _update_part(self, chunk, runs, frozen):
         """Reduces, sums across the nodes and updates this rank's part of
-        every run of the chunk (one fused call per run)."""
+        every run of the chunk (one fused call per run); this rank's part
+        of every frozen run is reduced (``param.grad`` is the mean, as
+        with Chainer) and not updated."""
         fused_rule = self._host_update.fused_rule
-        slot_buffers = self.memory.slots
         parts = []
         for run, rules in runs:
             scalars = fused_rule.advance_run(rules)  # every rank: rule.t
-            begin, end = self._part(run)
-            if begin == end:
-                continue
-            part = slice(begin, end)
-            state = tuple(self._state.typed(key, run)[part] for key in
-                          fused_rule.kernel_state_keys(rules[0]))
-            parts.append((buffers.typed(self.master.buffer, run)[part],
-                          [buffers.typed(s, run)[part] for s in slot_buffers],
-                          buffers.typed(self._grad_buffer, run)[part],
-                          state, scalars))
-        if not parts:
+            part = self._part_of(run)
+            if part is not None:
+                state = tuple(self._state.typed(key, run)[part[-1]] for key
+                              in fused_rule.kernel_state_keys(rules[0]))
+                parts.append(part[:3] + (state, scalars))
+        still = [part[:3] + ((), None) for part in map(self._part_of, frozen)
+                 if part is not None]
+        if not parts and not still:
             return
         weights = [self._scale]
         if self.allreducer is not None:
-            parts = self._sum_across_nodes(chunk, parts)
+            parts = self._sum_across_nodes(chunk, parts + still)
+            parts = parts[:len(parts) - len(still)]
             weights = [1.0]
-        self._host_update.update_runs(
-            [(p, slots, grads, state, scalars)
-             for p, slots, grads, state, scalars in parts],
-            weights, False, self._hook_program, True)
+        else:
+            for _, slots, grads, _, _ in still:
+                reduce_sum(grads, slots, self._scale)
+        for p, _, grads, _, _ in still:
+            host_update_module.apply_hooks(p, grads, self._frozen_program)
+        self._host_update.update_runs(parts, weights, False,
+                                      self._hook_program, True)
         with self._lock:
             self.fused_calls += len(parts)
+
+    def _part_of(self, run):
+        """This rank's part of ``run`` in the master, the slots and the
+        gradients, and its slice: ``(master, slots, grads, slice)``; None
+        where the part is empty."""
+        begin, end = self._part(run)
+        if begin == end:
+            return None
+        part = slice(begin, end)
+        return (buffers.typed(self.master.buffer, run)[part],
+                [buffers.typed(s, run)[part] for s in self.memory.slots],
+                buffers.typed(self._grad_buffer, run)[part], part)
 
     def _sum_across_nodes(self, chunk, parts):
         """The parts' mean over every rank: summed over this node's slots,
