@@ -370,6 +370,14 @@ class _RankTraining(object):
         self.iteration = 0
         self._lock = threading.Lock()
         self._closed = False
+        # A peer that stops calling update() before this rank does fails
+        # this rank's waiting update() with both counts.
+        self.update_counts = mpi.UpdateCountWatch(
+            comm, lambda error: self.failures.fail(error,
+                                                   'update count watch'))
+        # The first update() (this one) counts: it broadcast the weights.
+        self.update_counts.begin_update()
+        self.update_counts.end_update()
         # Before mpi4py finalizes MPI (atexit runs the last registered
         # first): the threads end, the node's memory is unmapped cleanly.
         atexit.register(self.close)
@@ -468,6 +476,7 @@ class _RankTraining(object):
         timeline = self.timeline
         start = timeline.now() if timeline is not None else None
         try:
+            self.update_counts.begin_update()
             self.accumulator.start_iteration(self.iteration, [1.0])
             if loss is None:
                 self._hand_over_all()
@@ -478,6 +487,8 @@ class _RankTraining(object):
             self.failures.fail(error, 'caller')
             self.close()
             raise
+        finally:
+            self.update_counts.end_update()
         if self.failures.failed:
             self.close()
             raise self.failures.error
@@ -528,9 +539,11 @@ class _RankTraining(object):
         # A closed optimizer is not kept alive until exit (a study that
         # builds many, say).
         atexit.unregister(self.close)
+        # First: a peer waiting in a later update() hears it at once.
+        self.update_counts.close()
         self.accumulator.close()
         if self.allreducer is not None:
-            self.allreducer.close()
+            self.allreducer.close(abandon=self.failures.failed)
         # The model keeps its trained weights and gradients, the optimizer
         # its state, in private arrays.
         self.master.release()
