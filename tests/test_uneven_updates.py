@@ -72,6 +72,23 @@ def test_a_rank_that_ends_its_script_early_ends_the_job_with_the_counts(
 
 @pytest.mark.mpi
 @pytest.mark.slow
+def test_an_updater_rank_whose_update_raises_ends_the_job_without_hooks(
+        mpiexec):
+    # Rank 1's 4th update() raises (its batch), no abort hooks anywhere,
+    # while rank 0 waits in its 4th: before, rank 0 waited forever.
+    job = run_case('updater', 'raises')
+    assert job.returncode != 0, job.output
+    for words in ('ValueError: batch 4 fails on purpose',
+                  'RuntimeError: rank 1 stopped on an error in its update() '
+                  'call 4 (its own error is on its output), so update() '
+                  'call 4 of this rank would wait for it forever'):
+        assert words in job.output, job.output
+    assert 'OK ' not in job.output
+    assert job.segments_left == []
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
 @pytest.mark.parametrize('form', FORMS)
 def test_a_rank_blocked_in_a_barrier_is_named_and_the_job_goes_on(
         mpiexec, form):

@@ -22,6 +22,9 @@ flow wherever the main thread is, in a collective of the script's too):
   both counts. It goes on waiting: a rank blocked elsewhere (in a barrier
   of its own) cannot be told from a slow one (a long evaluation) but by
   time.
+* a rank whose ``update()`` raised stops training too: a peer waiting in
+  that call fails at once (``RuntimeError``), where it would wait forever
+  without abort hooks (``CGDPUpdater``'s script may have none).
 
 At the end of its script a rank waits for every peer to stop training too
 (as ``MPI_Finalize`` would), saying so after the patience, so that no
@@ -55,7 +58,7 @@ EXIT_GRACE_SECONDS = 2.0
 _STOPPED, _QUERY, _COUNT = 1, 2, 3
 
 # How a rank's count ended, in the error's words.
-STOPPED, WAITING = 'stopped', 'waiting'
+STOPPED, WAITING, FAILED = 'stopped', 'waiting', 'failed'
 
 
 class UnevenUpdatesError(RuntimeError):
@@ -97,8 +100,9 @@ def uneven_message(counts):
 
     Args:
         counts (dict): Rank -> ``(calls, how)``: the ``update()`` calls the
-            rank made, and :data:`STOPPED` (it stopped training) or
-            :data:`WAITING` (its last call waits for the others).
+            rank made, and :data:`STOPPED` (it stopped training),
+            :data:`WAITING` (its last call waits for the others) or
+            :data:`FAILED` (its last call raised).
 
     Returns:
         str: The message.
@@ -106,7 +110,8 @@ def uneven_message(counts):
     words = {
         STOPPED: 'then it stopped (its script ended, or it closed its '
                  'optimizer or updater)',
-        WAITING: 'the last one waiting for the other ranks'}
+        WAITING: 'the last one waiting for the other ranks',
+        FAILED: 'the last one raised (its error is on its output)'}
     ranks = '; '.join(
         'rank {}: {} update() call{}, {}'.format(
             rank, calls, '' if calls == 1 else 's', words[how])
@@ -130,9 +135,11 @@ class UpdateCountWatch(object):
 
     Args:
         comm: ``mpi4py.MPI.Comm`` or a ChainerMN communicator.
-        on_uneven (callable): ``on_uneven(error)``, called on the watch's
-            thread when a peer stopped while this rank waits in a later
-            ``update()``: it makes the wait end and raise ``error``
+        on_peer_stop (callable): ``on_peer_stop(error)``, called on the
+            watch's thread when a peer stopped while this rank waits in an
+            ``update()`` call that the peer never finishes (it made fewer
+            calls: :class:`UnevenUpdatesError`; its own call raised:
+            ``RuntimeError``): it makes the wait end and raise ``error``
             (:meth:`FailureBox.fail
             <cgdp_chainer.runtime.host.accumulator.FailureBox.fail>`).
         patience (float or None): Seconds in one ``update()`` before the
@@ -148,7 +155,7 @@ class UpdateCountWatch(object):
             ``MPI_THREAD_MULTIPLE``).
     """
 
-    def __init__(self, comm, on_uneven, patience=None,
+    def __init__(self, comm, on_peer_stop, patience=None,
                  poll_seconds=POLL_SECONDS):
         from mpi4py import MPI
         comm = as_mpi_comm(comm)
@@ -156,14 +163,15 @@ class UpdateCountWatch(object):
         self.size = comm.Get_size()
         self.patience = patience_seconds() if patience is None else patience
         self.calls = 0
-        self._on_uneven = on_uneven
+        self._on_peer_stop = on_peer_stop
         self._poll_seconds = poll_seconds
         self._lock = threading.Lock()
         self._in_update = False
         self._update_began = None
-        self._stopped = {}      # peer -> its calls when it stopped
+        self.completed = 0      # calls that returned
+        self._stopped = {}      # peer -> (its calls, completed) at its stop
         self._closed = False    # this rank calls update() no more
-        self._failed = False    # on_uneven was called
+        self._failed = False    # a peer's stop failed this rank
         self._asked = None      # the call for which the peers were asked
         self._noticed = set()   # (call, peer) already printed
         self._sends = []
@@ -208,14 +216,17 @@ class UpdateCountWatch(object):
             raise error
 
     def end_update(self):
-        """The ``update()`` call returned (or raised)."""
+        """The ``update()`` call returned. (One that raised is not ended:
+        the training closes.)"""
         with self._lock:
             self._in_update = False
+            self.completed = self.calls
 
     def close(self):
-        """This rank calls ``update()`` no more: its count goes to every
-        peer. Does not wait for them; the watch's thread ends once every
-        peer has stopped too. Safe to call more than once."""
+        """This rank calls ``update()`` no more: its counts (calls, and
+        calls that returned) go to every peer. Does not wait for them; the
+        watch's thread ends once every peer has stopped too. Safe to call
+        more than once."""
         with self._lock:
             self._closed = True
             self._in_update = False
@@ -234,10 +245,10 @@ class UpdateCountWatch(object):
                 self._take(self._comm.recv(source=source, tag=tag), source,
                            tag)
             with self._lock:
-                closed, calls = self._closed, self.calls
+                closed, counts = self._closed, (self.calls, self.completed)
             if closed and not told:
                 for peer in peers:
-                    self._send(calls, peer, _STOPPED)
+                    self._send(counts, peer, _STOPPED)
                 told = True
             self._ask_when_due(peers)
             self._sends = [request for request in self._sends
@@ -256,11 +267,11 @@ class UpdateCountWatch(object):
     def _take(self, message, source, tag):
         if tag == _STOPPED:
             with self._lock:
-                self._stopped[source] = message
+                self._stopped[source] = tuple(message)
                 error = None if self._failed else self._uneven_error()
                 self._failed = self._failed or error is not None
             if error is not None:
-                self._on_uneven(error)
+                self._on_peer_stop(error)
         elif tag == _QUERY:
             with self._lock:
                 reply = (self.calls, self._in_update)
@@ -270,14 +281,27 @@ class UpdateCountWatch(object):
 
     def _uneven_error(self):
         """The error where this rank waits in a call that a stopped peer
-        never makes (``self._lock`` held), else None."""
-        behind = {peer: (calls, STOPPED)
-                  for peer, calls in self._stopped.items()
-                  if calls < self.calls}
-        if not self._in_update or not behind:
+        never finishes (``self._lock`` held), else None: uneven counts, or
+        a peer whose own call raised."""
+        if not self._in_update:
             return None
-        behind[self.rank] = (self.calls, WAITING)
-        return UnevenUpdatesError(uneven_message(behind))
+        behind = {peer: (calls, completed)
+                  for peer, (calls, completed) in self._stopped.items()
+                  if completed < self.calls}
+        failed = sorted(peer for peer, (calls, completed) in behind.items()
+                        if completed < calls)
+        if failed:
+            return RuntimeError(
+                'rank {} stopped on an error in its update() call {} (its '
+                'own error is on its output), so update() call {} of this '
+                'rank would wait for it forever'.format(
+                    failed[0], behind[failed[0]][0], self.calls))
+        if not behind:
+            return None
+        counts = {peer: (calls, STOPPED)
+                  for peer, (calls, _) in behind.items()}
+        counts[self.rank] = (self.calls, WAITING)
+        return UnevenUpdatesError(uneven_message(counts))
 
     def _ask_when_due(self, peers):
         """After the patience in one call, asks the peers that have not
@@ -333,11 +357,13 @@ class UpdateCountWatch(object):
                     self.calls, '' if len(waiting) == 1 else 's',
                     ', '.join(map(str, waiting)))))
             self._thread.join()
-        counts = {peer: (calls, STOPPED)
-                  for peer, calls in self._stopped.items()
+        if self.completed < self.calls:
+            return  # this rank's last call raised: its error is out
+        counts = {peer: (calls, STOPPED if completed == calls else FAILED)
+                  for peer, (calls, completed) in self._stopped.items()
                   if calls != self.calls}
-        if not counts or self._failed:
-            return  # even, or this rank raised the error already
+        if not counts:
+            return
         counts[self.rank] = (self.calls, STOPPED)
         error = UnevenUpdatesError(uneven_message(counts))
         # The peer that failed on it prints its own error first.

@@ -487,8 +487,6 @@ class _RankTraining(object):
             self.failures.fail(error, 'caller')
             self.close()
             raise
-        finally:
-            self.update_counts.end_update()
         if self.failures.failed:
             self.close()
             raise self.failures.error
@@ -496,6 +494,7 @@ class _RankTraining(object):
             self.port.finish(len(self.chunk_names))
         if timeline is not None:
             timeline.end_iteration(self.iteration, start, timeline.now())
+        self.update_counts.end_update()
 
     def _backward(self, loss):
         plan = self.plan

@@ -342,9 +342,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self._failures.fail(error, 'caller')
             self._stop_replicas()
             raise
-        finally:
-            if self._update_counts is not None:
-                self._update_counts.end_update()
+        if self._update_counts is not None:
+            self._update_counts.end_update()
 
     def _iterate(self, in_loop, edited):
         """One iteration, as the algorithm goes: take the user's edits,

@@ -1,7 +1,7 @@
 """Ranks that call update() different numbers of times, or late.
 
 Run: mpiexec -n 2 python tests/mpi_scripts/uneven_updates.py
---form optimizer|rank-hosts|updater --case ended|blocked|slow
+--form optimizer|rank-hosts|updater --case ended|raises|blocked|slow
 
 Two ranks train a small classifier through one multi-node form:
 'optimizer' (``cgdp_chainer.create_multi_node_optimizer`` in a custom
@@ -12,6 +12,9 @@ script's own. The case:
 
 * ended: rank 1 calls update() ``UPDATES - 1`` times and its script ends,
   while rank 0 calls it ``UPDATES`` times. Never prints an OK line.
+* raises ('updater' only): rank 1's batch of call ``LATE_CALL`` raises
+  (inside update(), before its gradients leave), while rank 0 waits in
+  that call. Never prints an OK line.
 * blocked: before its update() call ``LATE_CALL``, rank 1 waits in a
   barrier of its own for ``3 x $CGDP_UPDATE_PATIENCE`` seconds (a thread
   of rank 0 joins it then), while rank 0 waits in that update(). Both end
@@ -42,8 +45,8 @@ def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--form', choices=('optimizer', 'rank-hosts',
                                            'updater'), required=True)
-    parser.add_argument('--case', choices=('ended', 'blocked', 'slow'),
-                        required=True)
+    parser.add_argument('--case', choices=('ended', 'raises', 'blocked',
+                                           'slow'), required=True)
     return parser.parse_args()
 
 
@@ -66,24 +69,41 @@ class OptimizerTraining(object):
 
 
 class UpdaterTraining(object):
-    """update() through CGDPUpdater over the ranks."""
+    """update() through CGDPUpdater over the ranks; ``failing_batch``:
+    the iterator raises at that batch (counted from 1)."""
 
-    def __init__(self, comm):
+    def __init__(self, comm, failing_batch=None):
         self.model = L.Classifier(_common.StagedMLP((6, 8, 3), seed=0))
         optimizer = chainer.optimizers.SGD(lr=0.1)
         optimizer.setup(self.model)
         shard = _common.cgdp_mpi.shard_dataset(
             _common.numbered_dataset(N_EXAMPLES, N_FEATURES, N_CLASSES),
             comm)
+        iterator = FailingIterator(shard, BATCH, shuffle=False)
+        iterator.failing_batch = failing_batch
         self.updater = cgdp_chainer.CGDPUpdater(
-            chainer.iterators.SerialIterator(shard, BATCH, shuffle=False),
-            optimizer, devices=['@numpy'], mpi_comm=comm)
+            iterator, optimizer, devices=['@numpy'], mpi_comm=comm)
 
     def update(self):
         self.updater.update()
 
     def close(self):
         self.updater.finalize()
+
+
+class FailingIterator(chainer.iterators.SerialIterator):
+    """A SerialIterator whose batch ``failing_batch`` raises."""
+
+    failing_batch = None
+    batches = 0
+
+    def __next__(self):
+        self.batches += 1
+        if self.batches == self.failing_batch:
+            raise ValueError('batch {} fails on purpose'.format(self.batches))
+        return super(FailingIterator, self).__next__()
+
+    next = __next__
 
 
 def _batches(comm):
@@ -101,7 +121,8 @@ def main():
     patience = update_counts.patience_seconds()
     side = comm.Dup()  # the barrier of rank 1's own (case 'blocked')
     if args.form == 'updater':
-        training = UpdaterTraining(comm)
+        failing = args.case == 'raises' and comm.rank == 1
+        training = UpdaterTraining(comm, LATE_CALL if failing else None)
     else:
         training = OptimizerTraining(comm, args.form == 'optimizer')
     calls = UPDATES - 1 if args.case == 'ended' and comm.rank == 1 \
@@ -111,7 +132,7 @@ def main():
             late(args.case, comm.rank, side, patience)
         training.update()
     training.close()
-    if args.case == 'ended':
+    if args.case in ('ended', 'raises'):
         if comm.rank == 1:
             return  # the script of rank 1 ends here
         raise AssertionError('rank 0 made {} update() calls while rank 1 '
