@@ -150,6 +150,7 @@ class UpdateCountWatch(object):
         rank (int): This rank.
         size (int): Number of ranks.
         calls (int): This rank's ``update()`` calls so far.
+        completed (int): Those of them that returned.
         patience (float): As given.
         active (bool): Whether peers are watched (several ranks and
             ``MPI_THREAD_MULTIPLE``).
@@ -163,15 +164,15 @@ class UpdateCountWatch(object):
         self.size = comm.Get_size()
         self.patience = patience_seconds() if patience is None else patience
         self.calls = 0
+        self.completed = 0      # calls that returned
         self._on_peer_stop = on_peer_stop
         self._poll_seconds = poll_seconds
         self._lock = threading.Lock()
         self._in_update = False
         self._update_began = None
-        self.completed = 0      # calls that returned
         self._stopped = {}      # peer -> (its calls, completed) at its stop
         self._closed = False    # this rank calls update() no more
-        self._failed = False    # a peer's stop failed this rank
+        self._failed = False    # a peer's stop failed this rank's call
         self._asked = None      # the call for which the peers were asked
         self._noticed = set()   # (call, peer) already printed
         self._sends = []
