@@ -7,8 +7,11 @@ liveness check only: the loaded test machine decides how long a job takes.
 """
 import re
 
+import chainer
+import chainer.links as L
 import pytest
 
+import cgdp_chainer
 from cgdp_chainer.mpi import update_counts
 from test_mpi import (  # NOQA: F401 (fixtures)
     JOB_TIMEOUT, assert_ok, mpiexec, mpiexec_command,
@@ -41,6 +44,15 @@ def test_a_patience_that_is_not_positive_seconds_is_refused_by_name(text):
         update_counts.patience_seconds(
             {update_counts.PATIENCE_VARIABLE: text})
     assert 'a positive number (default 60)' in str(error.value)
+
+
+def test_the_optimizer_form_refuses_a_bad_patience_before_any_work(
+        monkeypatch):
+    monkeypatch.setenv(update_counts.PATIENCE_VARIABLE, 'soon')
+    optimizer = chainer.optimizers.SGD().setup(L.Linear(3, 2))
+    with pytest.raises(ValueError, match=update_counts.PATIENCE_VARIABLE):
+        # The communicator is never reached: the options come first.
+        cgdp_chainer.create_multi_node_optimizer(optimizer, object())
 
 
 def test_the_error_names_every_rank_count_and_the_fix():

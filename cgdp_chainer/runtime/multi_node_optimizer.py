@@ -178,6 +178,9 @@ class _Options(object):
         self.host_threads = host_threads
         self.timeline = timeline
         self.node_host = bool(node_host)
+        # Read now: a bad $CGDP_UPDATE_PATIENCE is refused before any work.
+        from cgdp_chainer.mpi import update_counts
+        self.update_patience = update_counts.patience_seconds()
         if device_copies is not None and not callable(device_copies):
             raise ValueError('device_copies must be callable as '
                              'device_copies(device)')
@@ -374,7 +377,8 @@ class _RankTraining(object):
         # this rank's waiting update() with both counts.
         self.update_counts = mpi.UpdateCountWatch(
             comm, lambda error: self.failures.fail(error,
-                                                   'update count watch'))
+                                                   'update count watch'),
+            patience=options.update_patience)
         # The first update() (this one) counts: it broadcast the weights.
         self.update_counts.begin_update()
         self.update_counts.end_update()

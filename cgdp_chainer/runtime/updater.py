@@ -186,8 +186,10 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         self._optimizers['main'] = optimizer
         if loss_scale is not None:
             optimizer.set_loss_scale(loss_scale)  # the one CGDP runs
-        self._allreducer = None
-        self._update_counts = None  # across ranks: UpdateCountWatch
+        self._allreducer = self._update_counts = None  # across ranks
+        # Read now: a bad $CGDP_UPDATE_PATIENCE is refused before any work.
+        self._update_patience = None if self._mpi_comm is None else \
+            mpi.update_counts.patience_seconds()
         channels.check_replicable(master, loss_func, workers)
         # Said at the first update, once per run (on rank 0 under MPI).
         self._static_graph_methods = static_graph_models.decorated_methods(
@@ -628,7 +630,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             # their waiting update() with the counts; this call counts.
             self._update_counts = mpi.UpdateCountWatch(
                 self._mpi_comm, lambda error: self._failures.fail(
-                    error, 'update count watch'))
+                    error, 'update count watch'),
+                patience=self._update_patience)
             self._update_counts.begin_update()
             # Every rank derives its replicas' streams from rank 0's seed.
             self._streams.agree(self._allreducer)
