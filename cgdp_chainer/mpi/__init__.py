@@ -26,6 +26,11 @@ concern:
 * ``faults``: :func:`abort_on_exception` / :func:`install_abort_hooks`: an
   exception on one rank prints its traceback and aborts the whole job, so
   no rank waits forever in a collective that its peer will never join.
+* ``update_counts``: :class:`UpdateCountWatch`: every rank's number of
+  ``update()`` calls, told to its peers, so that ranks that call it
+  different numbers of times fail with :class:`UnevenUpdatesError` (both
+  counts and the fix) instead of waiting forever, and a rank waiting long
+  in ``update()`` names the ranks behind (``$CGDP_UPDATE_PATIENCE``).
 * ``data``: :func:`shard_dataset`: each rank's part of the dataset; the
   global batch is the union of the ranks' batches.
 * ``chainermn_baseline``: :func:`make_chainermn_updater`, the ChainerMN
@@ -77,3 +82,6 @@ from cgdp_chainer.mpi.launch import no_mpiexec_words  # NOQA
 from cgdp_chainer.mpi.launch import node_ranks  # NOQA
 from cgdp_chainer.mpi.launch import thread_level_name  # NOQA
 from cgdp_chainer.mpi.launch import world  # NOQA
+from cgdp_chainer.mpi.update_counts import PATIENCE_VARIABLE  # NOQA
+from cgdp_chainer.mpi.update_counts import UnevenUpdatesError  # NOQA
+from cgdp_chainer.mpi.update_counts import UpdateCountWatch  # NOQA

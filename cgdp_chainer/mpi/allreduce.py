@@ -352,7 +352,7 @@ class ChunkAllreducer(object):
         self.allreduce([buffer], op, timeout)
         return buffer[0]
 
-    def close(self, timeout=10.0):
+    def close(self, timeout=10.0, abandon=False):
         """Finishes started requests, then stops the thread.
 
         Requests already started keep going until ``timeout``; the ones
@@ -361,7 +361,11 @@ class ChunkAllreducer(object):
 
         Args:
             timeout (float): Seconds to let started requests finish.
+            abandon (bool): Fail started requests at once instead (after a
+                failure: a peer, stopped or gone, may never join them).
         """
+        if abandon:
+            timeout = 0.0
         with self._lock:
             if self._close_called:
                 return

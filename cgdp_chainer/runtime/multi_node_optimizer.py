@@ -178,6 +178,9 @@ class _Options(object):
         self.host_threads = host_threads
         self.timeline = timeline
         self.node_host = bool(node_host)
+        # Read now: a bad $CGDP_UPDATE_PATIENCE is refused before any work.
+        from cgdp_chainer.mpi import update_counts
+        self.update_patience = update_counts.patience_seconds()
         if device_copies is not None and not callable(device_copies):
             raise ValueError('device_copies must be callable as '
                              'device_copies(device)')
@@ -370,6 +373,15 @@ class _RankTraining(object):
         self.iteration = 0
         self._lock = threading.Lock()
         self._closed = False
+        # A peer that stops calling update() before this rank does fails
+        # this rank's waiting update() with both counts.
+        self.update_counts = mpi.UpdateCountWatch(
+            comm, lambda error: self.failures.fail(error,
+                                                   'update count watch'),
+            patience=options.update_patience)
+        # The first update() (this one) counts: it broadcast the weights.
+        self.update_counts.begin_update()
+        self.update_counts.end_update()
         # Before mpi4py finalizes MPI (atexit runs the last registered
         # first): the threads end, the node's memory is unmapped cleanly.
         atexit.register(self.close)
@@ -469,6 +481,7 @@ class _RankTraining(object):
         timeline = self.timeline
         start = timeline.now() if timeline is not None else None
         try:
+            self.update_counts.begin_update()
             self.accumulator.start_iteration(self.iteration, [1.0])
             if loss is None:
                 self._hand_over_all()
@@ -486,6 +499,7 @@ class _RankTraining(object):
             self.port.finish(len(self.chunk_names))
         if timeline is not None:
             timeline.end_iteration(self.iteration, start, timeline.now())
+        self.update_counts.end_update()
 
     def _backward(self, loss):
         plan = self.plan
@@ -536,9 +550,11 @@ class _RankTraining(object):
         # A closed optimizer is not kept alive until exit (a study that
         # builds many, say).
         atexit.unregister(self.close)
+        # First: a peer waiting in a later update() hears it at once.
+        self.update_counts.close()
         self.accumulator.close()
         if self.allreducer is not None:
-            self.allreducer.close()
+            self.allreducer.close(abandon=self.failures.failed)
         # The model keeps its trained weights and gradients, the optimizer
         # its state, in private arrays.
         self.master.release()

@@ -191,7 +191,10 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         self._optimizers['main'] = optimizer
         if loss_scale is not None:
             optimizer.set_loss_scale(loss_scale)  # the one CGDP runs
-        self._allreducer = None
+        self._allreducer = self._update_counts = None  # across ranks
+        # Read now: a bad $CGDP_UPDATE_PATIENCE is refused before any work.
+        self._update_patience = None if self._mpi_comm is None else \
+            mpi.update_counts.patience_seconds()
         channels.check_replicable(master, loss_func, workers)
         # Said at the first update, once per run (on rank 0 under MPI).
         self._static_graph_methods = static_graph_models.decorated_methods(
@@ -335,6 +338,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             # last update, nothing can have changed.
             self._structure.check(self.get_optimizer('main').target)
         try:
+            if self._update_counts is not None:
+                self._update_counts.begin_update()
             self._iterate(in_loop, edited)
         except BaseException as error:
             # Whatever failed (the converter, a hand-over, a worker, Ctrl-C
@@ -344,6 +349,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self._failures.fail(error, 'caller')
             self._stop_replicas()
             raise
+        if self._update_counts is not None:
+            self._update_counts.end_update()
 
     def _iterate(self, in_loop, edited):
         """One iteration, as the algorithm goes: take the user's edits,
@@ -626,6 +633,13 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             # copied from the master.
             mpi.broadcast_parameters(self._mpi_comm, master)
             self._allreducer = mpi.ChunkAllreducer(self._mpi_comm)
+            # A rank that stops calling update() before its peers fails
+            # their waiting update() with the counts; this call counts.
+            self._update_counts = mpi.UpdateCountWatch(
+                self._mpi_comm, lambda error: self._failures.fail(
+                    error, 'update count watch'),
+                patience=self._update_patience)
+            self._update_counts.begin_update()
             # Every rank derives its replicas' streams from rank 0's seed.
             self._streams.agree(self._allreducer)
         if self._static_graph_methods:
@@ -776,6 +790,9 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         if self._closed:
             return
         self._closed = True
+        if self._update_counts is not None:
+            # First: a peer waiting in a later update() hears it at once.
+            self._update_counts.close()
         if self._input_path is not None:
             self._input_path.close()  # its threads end with the workers
         # The host threads end first: they read the replicas' buffers,
@@ -785,4 +802,4 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         if self._replicas is not None:
             self._replicas.close()
         if self._allreducer is not None:
-            self._allreducer.close()
+            self._allreducer.close(abandon=self._failures.failed)

@@ -329,7 +329,7 @@ class NodeAccumulator(accumulator_module.HostAccumulator):
                     'another rank of this node stopped on an error while '
                     'the node\'s host was updating chunk {}; its own error '
                     'is on its output'.format(chunk))
-            if self._stopping.is_set():
+            if self._stopping.is_set() or self.failures.failed:
                 raise accumulator_module.Aborted()
             time.sleep(pause)
             pause = min(longest, pause * 2)
