@@ -7,7 +7,11 @@ on two halves of it). With the same summed loss on every rank, all find
 ``'sum'``; with a summed loss on rank 0 and a mean on the others, every
 rank's first ``update()`` raises a ValueError (none waits for the others).
 The same with losses that draw random numbers in every mode, which each
-rank decides within its sampling noise.
+rank decides within its sampling noise. A mean found is compared again on
+the next batches on every rank: where one rank's batch does not show it
+(a loss normalized by its positives, SSD's, whose counts differ), every
+rank refuses that iteration before its update; where all show it, all
+train on.
 """
 import os
 import sys
@@ -49,6 +53,27 @@ def first_update(comm, sum_loss, noisy=False):
         updater.finalize()
 
 
+def later_batches(comm, form, positives):
+    """Three updates of a loss on the positive entries of batches of two
+    examples (see semantics_models.PositivesLoss): the iterations done and
+    the error that stopped them, if any."""
+    model = semantics_models.PositivesLoss(form)
+    optimizer = chainer.optimizers.SGD()
+    optimizer.setup(model)
+    iterator = chainer.iterators.SerialIterator(
+        semantics_models.positives_dataset(positives), 2, shuffle=False)
+    updater = CGDPUpdater(iterator, optimizer, devices=['@numpy'],
+                          mpi_comm=comm, workers='thread')
+    try:
+        for _ in range(3):
+            updater.update()
+        return updater.iteration, updater.reduction
+    except ValueError as error:
+        return updater.iteration, str(error)
+    finally:
+        updater.finalize()
+
+
 def main():
     comm = _common.start_mpi()
     rank = comm.Get_rank()
@@ -65,6 +90,18 @@ def main():
     if rank == 0:
         assert "this MPI rank found 'sum'" in refused, refused
         assert 'a second forward on the whole batch' in refused, refused
+    # Equal counts of positives in each first batch; rank 1's second
+    # batch holds 1 and 4.
+    done, refused = later_batches(
+        comm, 'count', [3, 3, 2, 2, 1, 1] if rank == 0 else
+        [3, 3, 1, 4, 2, 2])
+    assert done == 1, (done, refused)
+    assert 'the batch of iteration 2 does not confirm it' in refused, refused
+    if rank == 0:
+        assert "another MPI rank's batch does not show it" in refused, \
+            refused
+    done, found = later_batches(comm, 'mean', [3, 3, 1, 4, 2, 2])
+    assert (done, found) == (3, 'mean'), (done, found)
     _common.report_ok(comm, 'reduction')
 
 
