@@ -117,9 +117,12 @@ class ChunkChoice(object):
         # A replica whose loss reached no parameter (a constant without a
         # graph, as SSD's loss on a share without a positive box) saw no
         # ready order: its gradients are zeros whatever the chunks, and
-        # the others' order forms the plan.
+        # the others' order forms the plan (another rank's, where no
+        # replica of this one reached a parameter).
         reached = [report for report in reports
-                   if len(report.unused) < len(report.order)] or reports
+                   if chunking.reaches_parameters(report)] or reports[:1]
+        reached[0] = chunking.ready_order_of_the_ranks(
+            reached[0], [name for name, _ in named_params], allreducer)
         plans = [self.plan_from(report, named_params) for report in reached]
         plans[0].check_same([p.fingerprint for p in plans], what='replica')
         chunking.check_same_on_every_rank(plans[0], allreducer)
