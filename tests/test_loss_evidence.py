@@ -212,3 +212,16 @@ def test_a_replica_whose_loss_has_no_graph_trains(workers, form, reduction):
     assert error is None, error
     assert updater.reduction == form
     assert_same_params(expected[-1], after)
+
+
+def test_an_overflow_at_a_later_check_tells_nothing():
+    # A batch whose loss is not finite (an overflow, which dynamic loss
+    # scaling skips) is neither a mean nor evidence against it.
+    nan = float('nan')
+    for whole, parts in ((nan, [1.2, nan]), (float('inf'), [1.0, 2.0])):
+        comparison = observations.compare(whole, parts, [1, 1],
+                                          rounding=True)
+        assert not observations.all_finite(comparison)
+    comparison = observations.compare(1.5, [1.0, 2.0], [1, 1],
+                                      rounding=True)
+    assert observations.all_finite(comparison)

@@ -150,11 +150,13 @@ class ReductionFinder(object):
     def _verdict(comparison):
         """SHOWN where the batch shows the mean; UNTOLD where its loss
         matches the mean but its shares cannot show it (its update is
-        StandardUpdater's all the same); else REFUTED (the update with
-        the mean would not be)."""
+        StandardUpdater's all the same), or is not finite (an overflow,
+        which dynamic loss scaling skips, tells nothing); else REFUTED (the
+        update with the mean would not be StandardUpdater's)."""
         if comparison.kind == 'mean':
             return SHOWN
-        if observations.matches_mean(comparison):
+        if observations.matches_mean(comparison) or \
+                not observations.all_finite(comparison):
             return UNTOLD
         return REFUTED
 

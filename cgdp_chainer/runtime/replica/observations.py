@@ -50,14 +50,17 @@ RTOL_HALF = 1e-2  # float16 values, or chainer.config.dtype float16
 # differently; measured within 3.5 epsilon on conv and linear nets, float32
 # and float64).
 ROUNDING_MARGIN = 32
-# A match with the mean shows the loss's weights only where the shares'
-# losses spread wider than the rounding tolerance: a loss that is a mean
-# over something else (the pixels it does not ignore, as
+# How near the whole batch's loss must be to the shares' mean weighted by
+# their examples, as a fraction of how far apart the shares' losses are,
+# for the match to show that those are the loss's weights (the shares'
+# losses must also be further apart than the rounding tolerance). A loss
+# that is a mean over something else (the pixels it does not ignore, as
 # softmax_cross_entropy with ignore_label) weighs the shares by their
-# counts of those, and lies off the examples' mean by about the weights'
-# difference times the spread. Within the tolerance times 100, the weights
-# are the examples' to 1%. Shares with the same loss (an untrained model
-# that gives every example the same loss) show no weights at all.
+# counts of those, and its value then lies elsewhere between the shares'
+# losses, by about the weights' difference times their spread: within 1%
+# of the spread, the weights are the examples' to about 1%. Shares with
+# the same loss (an untrained model that gives every example the same
+# loss) show no weights at all.
 WEIGHTS_SHOWN_WITHIN = 0.01
 # Where the devices' shares are too near, the batch is cut into up to this
 # many shares (single examples for a smaller batch), which spread wider.
@@ -293,14 +296,27 @@ def matches_mean(comparison):
                           comparison.tolerance['mean']))
 
 
+def all_finite(comparison):
+    """Whether the whole batch's value and every share's are finite
+    numbers (not a float overflow or NaN).
+
+    Args:
+        comparison (Comparison): From :func:`compare`.
+    """
+    values = [_numeric(value) for value in
+              [comparison.whole] + list(comparison.parts)]
+    return all(value is not None and bool(numpy.all(numpy.isfinite(value)))
+               for value in values)
+
+
 def shows_form(comparison):
     """Whether a loss's match within rounding (:func:`compare` with
     ``rounding``) shows its form: two shares or more whose losses are not
     zero (:func:`informative_parts`), and, for the mean, their losses
-    spread (the largest difference between two of them) at least
-    ``1 / WEIGHTS_SHOWN_WITHIN`` times the tolerance, so that the match
-    shows the weights to be the shares' examples (see
-    :data:`WEIGHTS_SHOWN_WITHIN`).
+    spread (the largest difference between two of them) wider than the
+    rounding tolerance, with the whole batch's loss within
+    :data:`WEIGHTS_SHOWN_WITHIN` of that spread from their weighted mean,
+    so that the match shows the weights to be the shares' examples.
 
     Args:
         comparison (Comparison): A loss's, that found ``'sum'`` or
@@ -313,8 +329,10 @@ def shows_form(comparison):
         return True
     parts = numpy.asarray(parts)
     spread = float(numpy.max(parts.max(axis=0) - parts.min(axis=0)))
+    whole = _numeric(comparison.whole).astype(numpy.float64)
+    off = float(numpy.max(numpy.abs(whole - comparison.mean)))
     tolerance = float(numpy.max(comparison.tolerance['mean']))
-    return spread > 0 and tolerance <= WEIGHTS_SHOWN_WITHIN * spread
+    return spread > tolerance and off <= WEIGHTS_SHOWN_WITHIN * spread
 
 
 def within_noise(comparison, again):
@@ -901,17 +919,17 @@ def _why_untold(comparison):
                    describe_loss(comparison), len(comparison.parts)))
     elif comparison.kind == 'indistinct':
         why = ('{}: the whole batch\'s loss matches the mean within float '
-               'rounding, but the shares\' losses are too near each other '
-               '(their spread is under {:g} times the rounding tolerance '
-               '{:.3g}) to show that it weighs them by their examples '
-               'rather than by something else (a mean over '
+               'rounding ({:.3g}), but not within {:g} of the shares\' '
+               'spread, or the spread is within that rounding: too small '
+               'to show that it weighs them by their examples rather than '
+               'by something else (a mean over '
                'the pixels or tokens that are not ignored, as '
                'softmax_cross_entropy with ignore_label: then neither '
                "reduction gives StandardUpdater's result exactly), even "
                'on {} finer shares'.format(
-                   describe_loss(comparison), 1 / WEIGHTS_SHOWN_WITHIN,
+                   describe_loss(comparison),
                    float(numpy.max(comparison.tolerance['mean'])),
-                   len(comparison.parts)))
+                   WEIGHTS_SHOWN_WITHIN, len(comparison.parts)))
     elif comparison.kind == 'neither' and comparison.again is not None:
         why = ('{}. Neither matches within the sampling noise: it is too '
                'large against the distance between the shares\' sum and '
