@@ -225,3 +225,16 @@ def test_an_overflow_at_a_later_check_tells_nothing():
     comparison = observations.compare(1.5, [1.0, 2.0], [1, 1],
                                       rounding=True)
     assert observations.all_finite(comparison)
+
+
+def test_a_sum_is_shown_only_beyond_the_shares_range():
+    # Losses of both signs: the sum 1.0 of 3.0 and -2.0 lies between them,
+    # where a mean weighted 3:2 lies too.
+    between = observations.compare(1.0, [3.0, -2.0], [1, 1], rounding=True)
+    assert between.kind == 'sum'
+    assert not observations.shows_form(between)
+    beyond = observations.compare(5.0, [3.0, 2.0], [1, 1], rounding=True)
+    assert beyond.kind == 'sum' and observations.shows_form(beyond)
+    # A share whose loss is zero shows nothing.
+    zero = observations.compare(3.0, [3.0, 0.0], [1, 1], rounding=True)
+    assert zero.kind == 'sum' and not observations.shows_form(zero)

@@ -10,8 +10,8 @@ learns on the way how each reported key combines over the replicas, and
 makes every MPI rank agree. Where it cannot be told, it refuses, naming
 the values measured and the fix.
 
-A sum shown by two shares is final: a mean of them, however weighted,
-lies between them. A mean is not: a loss normalized by a count (SSD's
+A sum shown by the shares (the whole batch's loss beyond their range) is
+final: a mean of them, however weighted, lies within it. A mean is not: a loss normalized by a count (SSD's
 positive boxes) equals the examples' mean on a batch whose shares hold
 equal counts. ``'mean'`` found at the first iteration is therefore
 compared again before the update of each later iteration, until

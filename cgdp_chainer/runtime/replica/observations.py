@@ -312,7 +312,9 @@ def all_finite(comparison):
 def shows_form(comparison):
     """Whether a loss's match within rounding (:func:`compare` with
     ``rounding``) shows its form: two shares or more whose losses are not
-    zero (:func:`informative_parts`), and, for the mean, their losses
+    zero (:func:`informative_parts`); for the sum, the whole batch's loss
+    beyond their range by more than the tolerance (no mean of them,
+    however weighted, lies there); for the mean, their losses
     spread (the largest difference between two of them) wider than the
     rounding tolerance, with the whole batch's loss within
     :data:`WEIGHTS_SHOWN_WITHIN` of that spread from their weighted mean,
@@ -325,11 +327,14 @@ def shows_form(comparison):
     parts = informative_parts(comparison)
     if len(parts) < 2:
         return False
-    if comparison.kind != 'mean':
-        return True
     parts = numpy.asarray(parts)
-    spread = float(numpy.max(parts.max(axis=0) - parts.min(axis=0)))
     whole = _numeric(comparison.whole).astype(numpy.float64)
+    if comparison.kind == 'sum':
+        # Outside the shares' range: no mean of them, however weighted.
+        outside = numpy.maximum(parts.min(axis=0) - whole,
+                                whole - parts.max(axis=0))
+        return bool(numpy.any(outside > comparison.tolerance['sum']))
+    spread = float(numpy.max(parts.max(axis=0) - parts.min(axis=0)))
     off = float(numpy.max(numpy.abs(whole - comparison.mean)))
     tolerance = float(numpy.max(comparison.tolerance['mean']))
     return spread > tolerance and off <= WEIGHTS_SHOWN_WITHIN * spread
