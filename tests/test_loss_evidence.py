@@ -238,3 +238,10 @@ def test_a_sum_is_shown_only_beyond_the_shares_range():
     # A share whose loss is zero shows nothing.
     zero = observations.compare(3.0, [3.0, 0.0], [1, 1], rounding=True)
     assert zero.kind == 'sum' and not observations.shows_form(zero)
+
+
+def test_integers_are_compared_exactly_and_shown_alike():
+    mean = observations.compare(8, [6, 9], [1, 2], rounding=True)
+    assert mean.kind == 'mean' and observations.shows_form(mean)
+    assert observations.compare(7, [6, 9], [1, 2],
+                                rounding=True).kind == 'neither'

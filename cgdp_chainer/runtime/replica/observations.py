@@ -200,6 +200,8 @@ def compare(whole, parts, counts, rounding=False):
         is_sum = numpy.array_equal(ints[0], added)
         is_mean = numpy.array_equal(ints[0] * total, weighted)
         mean = weighted / total
+        exact = numpy.zeros(target.shape)
+        tolerance = {'sum': exact, 'mean': exact}
     else:
         floats = [array.astype(numpy.float64) for array in arrays]
         added = numpy.asarray(sum(floats[1:]))
