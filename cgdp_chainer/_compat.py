@@ -1,8 +1,9 @@
 """Lets Chainer 7.8.1 import on current Python, NumPy and setuptools.
 
-Chainer 7.8.1 (2020) predates three removals. Each patch below fills one
-gap and only when the gap exists, so on the pinned stack (Python 3.11,
-NumPy 1.26, setuptools<81) it changes nothing that works. Import this
+Chainer 7.8.1 (2020) and ChainerCV 0.13.1 predate four removals. Each
+patch below fills one gap and only when the gap exists, so on the pinned
+stack (Python 3.11, NumPy 1.26, setuptools<81) it changes nothing that
+works but the removed aliases of item 4, which NumPy 1.24 already dropped. Import this
 module before the first ``import chainer``; ``cgdp_chainer`` and
 ``models`` do so at the top.
 
@@ -18,6 +19,15 @@ module before the first ``import chainer``; ``cgdp_chainer`` and
    stand-in answers "no information", which skips that macOS-only warning.
 3. ``numpy.sctypes`` is gone in NumPy 2. Chainer's ``as_strided`` reads
    it at import time; the dictionary is rebuilt with NumPy 1's contents.
+4. NumPy 1.24 removed the aliases of Python's types that NumPy 1.20
+   deprecated (``numpy.float``, ``numpy.int``, ``numpy.bool``, ...): on
+   NumPy 1.26 and 2 reading one raises AttributeError. Chainer's
+   ``F.resize_images`` reads ``numpy.float``; ChainerCV reads
+   ``numpy.bool``. Each missing alias is set to the builtin type it was
+   (:data:`REMOVED_ALIASES`); one NumPy defines again is left as it is
+   (NumPy 2's ``numpy.bool`` is ``numpy.bool_``, its ``numpy.long`` the C
+   ``long``), and so are arrays: ``dtype=bool`` gives the same dtype as
+   ``dtype=numpy.bool_``.
 """
 import importlib.metadata
 import re
@@ -109,6 +119,26 @@ def _install_numpy_sctypes():
     }
 
 
+# NumPy 1.20's deprecated aliases, as the builtin types they were.
+REMOVED_ALIASES = {'bool': bool, 'int': int, 'float': float,
+                   'complex': complex, 'object': object, 'str': str,
+                   'long': int, 'unicode': str}
+
+
+def _install_removed_aliases():
+    for name, builtin in REMOVED_ALIASES.items():
+        with warnings.catch_warnings():
+            # NumPy 1.26 warns on reading a removed alias before raising.
+            warnings.simplefilter('ignore')
+            try:
+                getattr(numpy, name)
+                continue
+            except AttributeError:
+                pass
+        setattr(numpy, name, builtin)
+
+
 _install_pkg_resources_stand_in()
 _install_numpy_distutils_stand_in()
 _install_numpy_sctypes()
+_install_removed_aliases()

@@ -223,3 +223,84 @@ class TrainOnly(CountingClassifier):
         if not chainer.config.train or not chainer.config.enable_backprop:
             raise RuntimeError('this model trains only')
         return super(TrainOnly, self).forward(x, t)
+
+
+class PositivesLoss(chainer.Chain):
+    """A regression on each example's positive entries (``mask`` 1), as
+    ChainerCV's SSD multibox loss is on its positive boxes: a sum over
+    them (``form='sum'``), that sum over the examples (``'mean'``, a mean
+    over the examples), or over the positives (``'count'``, SSD's
+    normalization). A batch without a positive gives a constant zero
+    without a graph, as ``multibox_loss`` does.
+
+    Args:
+        form (str): ``'sum'``, ``'mean'`` or ``'count'``.
+    """
+
+    def __init__(self, form, n_in=4, seed=0):
+        super(PositivesLoss, self).__init__()
+        self.form = form
+        rng = numpy.random.RandomState(seed)
+        with self.init_scope():
+            self.hidden = L.Linear(n_in, 5, initialW=rng.normal(
+                0, 0.5, (5, n_in)).astype(numpy.float32))
+            self.out = L.Linear(5, n_in, initialW=rng.normal(
+                0, 0.5, (n_in, 5)).astype(numpy.float32))
+
+    def forward(self, x, target, mask):
+        xp = self.xp
+        positives = int(mask.sum())
+        if positives == 0:
+            loss = chainer.Variable(xp.zeros((), numpy.float32))
+        else:
+            error = F.sum((self.out(F.tanh(self.hidden(x))) - target) ** 2
+                          * mask)
+            normalizer = {'sum': 1, 'mean': len(x),
+                          'count': positives}[self.form]
+            loss = error / normalizer
+        chainer.report({'loss': loss}, self)
+        return loss
+
+
+def positives_dataset(positives, n_in=4, seed=5):
+    """Examples with ``positives[i]`` positive entries (of ``n_in``)."""
+    rng = numpy.random.RandomState(seed)
+    n = len(positives)
+    x = rng.normal(size=(n, n_in)).astype(numpy.float32)
+    target = rng.normal(size=(n, n_in)).astype(numpy.float32)
+    mask = numpy.zeros((n, n_in), numpy.float32)
+    for i, count in enumerate(positives):
+        mask[i, :count] = 1
+    return chainer.datasets.TupleDataset(x, target, mask)
+
+
+class WeightedPixels(chainer.Chain):
+    """Per-pixel logits and softmax cross entropy with class weights that
+    ignores label -1: a mean over the pixels it does not ignore, as
+    ChainerCV's SegNet loss on CamVid."""
+
+    def __init__(self, n_classes=3, seed=2):
+        super(WeightedPixels, self).__init__()
+        rng = numpy.random.RandomState(seed)
+        self.class_weight = rng.uniform(0.5, 2.0, n_classes).astype(
+            numpy.float32)
+        with self.init_scope():
+            self.conv = L.Convolution2D(2, n_classes, 1, initialW=rng.normal(
+                0, 1, (n_classes, 2, 1, 1)).astype(numpy.float32))
+
+    def forward(self, x, t):
+        loss = F.softmax_cross_entropy(self.conv(x), t, ignore_label=-1,
+                                       class_weight=self.class_weight)
+        chainer.report({'loss': loss}, self)
+        return loss
+
+
+def pixels_dataset(ignored, n=4, size=32, seed=4):
+    """Images of ``size`` x ``size`` pixels, ``ignored[i]`` of image ``i``
+    (cycling) labelled -1."""
+    rng = numpy.random.RandomState(seed)
+    x = rng.normal(0, 1, (n, 2, size, size)).astype(numpy.float32)
+    t = rng.randint(0, 3, (n, size, size)).astype(numpy.int32)
+    for i in range(n):
+        t[i].flat[:ignored[i % len(ignored)]] = -1
+    return chainer.datasets.TupleDataset(x, t)

@@ -53,3 +53,34 @@ def test_chainer_imports_without_pkg_resources_and_numpy_distutils():
     ''')
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == '(2, 2)'
+
+
+def test_chainer_and_chainercv_read_numpys_removed_aliases():
+    # A fresh process that imports cgdp_chainer first, as a script does:
+    # F.resize_images reads numpy.float, ChainerCV numpy.bool (both
+    # removed in NumPy 1.24; NumPy 2 has numpy.bool again, as bool_).
+    result = _run('''
+        import cgdp_chainer
+        import chainer.functions as F
+        import numpy
+        x = numpy.arange(2 * 3 * 4 * 5, dtype=numpy.float32).reshape(
+            2, 3, 4, 5)
+        y = F.resize_images(x, (8, 10))
+        mask = numpy.zeros(3, dtype=numpy.bool)
+        mask[1] = True
+        assert mask.dtype == numpy.bool_, mask.dtype
+        assert numpy.float is float and numpy.int is int
+        assert numpy.object is object and numpy.complex is complex
+        print(y.shape, int(mask.sum()))
+    ''')
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == '(2, 3, 8, 10) 1'
+
+
+def test_aliases_numpy_defines_are_left_as_they_are():
+    from cgdp_chainer import _compat
+    for name, builtin in _compat.REMOVED_ALIASES.items():
+        value = getattr(numpy, name)
+        # Restored as the builtin, or NumPy's own scalar type where it
+        # defines the name again (NumPy 2's bool and long).
+        assert value is builtin or issubclass(value, numpy.generic), name

@@ -206,9 +206,11 @@ def test_a_converter_error_stops_the_workers_and_closes_the_updater(
     iterator = chainer.iterators.SerialIterator(
         nlp_models.sentence_pairs(), 4)
     before = threading.active_count()
+    # The reduction given: a mean found would convert the second batch
+    # whole at its iteration, to compare its loss with its shares'.
     updater = cgdp_chainer.CGDPUpdater(
         iterator, optimizer, ['@numpy'] * 2, converter=convert,
-        workers=workers)
+        workers=workers, reduction='mean')
     try:
         updater.update()
         failing.append(True)

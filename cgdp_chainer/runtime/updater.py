@@ -95,8 +95,10 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             otherwise found from the loss at the first iteration, before
             any update (:mod:`~cgdp_chainer.runtime.replica.loss_reduction`;
             a line of the log says what was found), or refused with the
-            values measured where it cannot be told. ``updater.reduction``
-            holds the choice.
+            values measured where it cannot be told; a mean found is
+            compared again before later updates until two more batches
+            show it, and a batch that does not is refused before its
+            update. ``updater.reduction`` holds the choice.
         converter: Converter for each device's share of the batch, called
             in this process with the CPU device (any nesting of arrays,
             tuples, lists and dicts; a batch that is not a list of examples
@@ -136,6 +138,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
 
     # The batches' source (made at the first update).
     _input_path = None
+    # The ReductionFinder while 'mean' found awaits later batches.
+    _reduction_finder = None
 
     def __init__(self, iterator, optimizer, devices, chunk_size=None,
                  reduction=None, converter=convert.concat_examples,
@@ -371,6 +375,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             # schedule on the master that training would leave unfinished.
             with static_graph_models.define_by_run():
                 first_reports = self._start(batch)
+        elif self._reduction_finder is not None:
+            self._confirm_reduction(batch)
         self._input_path.read_ahead()
         forming = self._plan is None
         results, seconds = self._run_replicas(batch, forming, in_loop,
@@ -383,6 +389,17 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         self._settle_chunking(results, forming, seconds)
         if self.auto_new_epoch and self.get_iterator('main').is_new_epoch:
             self.get_optimizer('main').new_epoch(auto=True)
+
+    def _confirm_reduction(self, batch):
+        """Compares the batch's loss with its shares' before its update,
+        while ``'mean'`` found at the first iteration awaits confirmation
+        (see :mod:`~cgdp_chainer.runtime.replica.loss_reduction`); raises
+        where the batch does not show it."""
+        finder = self._reduction_finder
+        with static_graph_models.define_by_run():
+            finder.confirm(batch, self.iteration + 1)
+        if not finder.confirming:
+            self._reduction_finder = None
 
     def _run_replicas(self, batch, forming, in_loop, edited):
         """Runs every replica's forward and backward on its share while the
@@ -645,10 +662,12 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         if self._static_graph_methods:
             self._say(static_graph_models.describe(
                 self._static_graph_methods))
-        self.reduction = loss_reduction.ReductionFinder(
+        finder = loss_reduction.ReductionFinder(
             master, self.loss_func, len(self._devices), self._report_kinds,
-            self._allreducer, self._streams.base, self._say).find(
-                batch, self.reduction)
+            self._allreducer, self._streams.base, self._say)
+        self.reduction = finder.find(batch, self.reduction)
+        if finder.confirming:
+            self._reduction_finder = finder
         if self.timeline is not None:
             self.timeline.name_tracks(
                 ['replica {} {}'.format(index, devices_module.spec_of(device))

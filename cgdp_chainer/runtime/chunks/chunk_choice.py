@@ -114,10 +114,19 @@ class ChunkChoice(object):
             named_params (list): The master's ``namedparams()``.
             allreducer: The ranks' allreducer, or None.
         """
-        plans = [self.plan_from(report, named_params) for report in reports]
+        # A replica whose loss reached no parameter (a constant without a
+        # graph, as SSD's loss on a share without a positive box) saw no
+        # ready order: its gradients are zeros whatever the chunks, and
+        # the others' order forms the plan (another rank's, where no
+        # replica of this one reached a parameter).
+        reached = [report for report in reports
+                   if chunking.reaches_parameters(report)] or reports[:1]
+        reached[0] = chunking.ready_order_of_the_ranks(
+            reached[0], [name for name, _ in named_params], allreducer)
+        plans = [self.plan_from(report, named_params) for report in reached]
         plans[0].check_same([p.fingerprint for p in plans], what='replica')
         chunking.check_same_on_every_rank(plans[0], allreducer)
-        self._ready = reports[0]
+        self._ready = reached[0]
         return plans[0]
 
     def resize(self, size, named_params):

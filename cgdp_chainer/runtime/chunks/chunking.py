@@ -9,6 +9,8 @@ same chunks.
 import hashlib
 import numbers
 
+import numpy
+
 from cgdp_chainer.runtime.replica import readiness
 
 # The default chunk: consecutive layers (in backward order) holding at least
@@ -126,6 +128,54 @@ def plan_from(spec, report, named_params, n_layers):
     return readiness.ChunkPlan.from_ready_order(
         report.order, report.unused, chunk_bytes=value,
         nbytes=readiness.parameter_nbytes(named_params))
+
+
+def reaches_parameters(report):
+    """Whether a first backward's ready order says anything: its loss
+    reached a parameter (a loss that is a constant without a graph, as
+    SSD's on a share without a positive box, reaches none, and every
+    parameter is unused).
+
+    Args:
+        report (BackwardReport): The backward's.
+    """
+    return len(report.unused) < len(report.order)
+
+
+def ready_order_of_the_ranks(report, names, allreducer):
+    """The ready order to form the plan from: this rank's, or, where no
+    replica of this rank reached a parameter (see
+    :func:`reaches_parameters`), the lowest rank's that did; every rank
+    takes part.
+
+    Args:
+        report (BackwardReport): This rank's (of a replica that reached a
+            parameter, if any did).
+        names (list of str): The master's parameter names, in order.
+        allreducer (ChunkAllreducer or None): Over the ranks.
+
+    Returns:
+        BackwardReport: The order.
+    """
+    reached = reaches_parameters(report)
+    if allreducer is None or allreducer.allreduce_int(
+            int(reached), op='min') == 1:
+        return report
+    source = allreducer.allreduce_int(
+        allreducer.rank if reached else allreducer.size, op='min')
+    if source == allreducer.size:
+        return report  # no rank's loss reached a parameter
+    index = {name: i for i, name in enumerate(names)}
+    mine = allreducer.rank == source
+    order = numpy.array([index[name] for name in report.order]
+                        if mine else numpy.zeros(len(names)), numpy.int64)
+    unused = numpy.zeros(len(names), numpy.int64)
+    if mine:
+        unused[[index[name] for name in report.unused]] = 1
+    order, unused = allreducer.allreduce([order, unused], op='sum')
+    return readiness.BackwardReport(
+        tuple(names[i] for i in order),
+        tuple(name for name, flag in zip(names, unused) if flag))
 
 
 def check_same_on_every_rank(plan, allreducer):

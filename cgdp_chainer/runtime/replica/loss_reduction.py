@@ -1,14 +1,23 @@
-"""The loss's reduction and the reported values' kinds, found at the
-first iteration before any update.
+"""The loss's reduction and the reported values' kinds, found from the
+batches before any update they would make wrong.
 
 A switched script must train what it trained before: ``'mean'`` where the
 loss is a mean over the examples, ``'sum'`` where it adds up over them.
 :class:`ReductionFinder` tells which from deterministic forwards of the
 master on the whole first batch and on its shares (the comparisons of
-:mod:`~cgdp_chainer.runtime.replica.observations`), learns on the way how
-each reported key combines over the replicas, and makes every MPI rank
-agree. Where it cannot be told, it refuses, naming the values measured and
-the fix.
+:mod:`~cgdp_chainer.runtime.replica.observations`, within float rounding),
+learns on the way how each reported key combines over the replicas, and
+makes every MPI rank agree. Where it cannot be told, it refuses, naming
+the values measured and the fix.
+
+A sum shown by the shares (the whole batch's loss beyond their range) is
+final: a mean of them, however weighted, lies within it. A mean is not: a loss normalized by a count (SSD's
+positive boxes) equals the examples' mean on a batch whose shares hold
+equal counts. ``'mean'`` found at the first iteration is therefore
+compared again before the update of each later iteration, until
+:data:`CONFIRMING_BATCHES` more batches show it; one that does not is
+refused before its update (each earlier one matched, so trained as
+``StandardUpdater``).
 """
 from cgdp_chainer import randomness
 from cgdp_chainer.runtime.host import accumulator
@@ -17,6 +26,14 @@ from cgdp_chainer.runtime.transport import shared
 
 # The reductions as integers, for agreeing across MPI ranks (0: not found).
 REDUCTION_CODES = {'mean': 1, 'sum': 2}
+
+# Later batches that must show 'mean' found at the first iteration before
+# the comparisons stop (a batch whose shares cannot show it, e.g. all but
+# one share's loss zero, does not count).
+CONFIRMING_BATCHES = 2
+
+# A later batch's verdict on 'mean', as integers for the MPI ranks' minimum.
+REFUTED, UNTOLD, SHOWN = 0, 1, 2
 
 
 class ReductionFinder(object):
@@ -46,6 +63,13 @@ class ReductionFinder(object):
         self._random_base = random_base
         self._say = say
         self._given = None
+        self._to_confirm = 0
+
+    @property
+    def confirming(self):
+        """Whether later batches must still confirm the reduction found
+        (see :meth:`confirm`)."""
+        return self._to_confirm > 0
 
     def find(self, batch, reduction=None):
         """The first iteration's comparisons, before any update: how each
@@ -73,13 +97,75 @@ class ReductionFinder(object):
         if n < 2 and reduction is not None:
             return reduction
         self._given = reduction
-        split = (batch.inputs, batch.counts) if n >= 2 else batch.split(2)
+        split = self._split(batch)
         comparison, failure = None, None
         if split is not None:
             comparison, failure = self._probe(batch, *split)
         if reduction is not None:
             return reduction
-        return self._agree_on_reduction(comparison, failure)
+        found = self._agree_on_reduction(comparison, failure)
+        if found == 'mean':
+            self._to_confirm = CONFIRMING_BATCHES
+        return found
+
+    def confirm(self, batch, iteration):
+        """Compares a later batch's loss with its shares', before its
+        update, while ``'mean'`` found at the first iteration awaits
+        confirmation (:attr:`confirming`), as :meth:`find` compared the
+        first; every MPI rank takes the worst verdict of all.
+
+        Args:
+            batch (Batch): The batch of ``iteration``.
+            iteration (int): Its iteration, counted from 1.
+
+        Raises:
+            ValueError: The batch (on some rank) does not show the mean.
+        """
+        split = self._split(batch)
+        comparison, failure = None, None
+        verdict = UNTOLD
+        if split is not None:
+            comparison, failure = self._compare_loss(batch, *split)
+            verdict = REFUTED if failure is not None else \
+                self._verdict(comparison)
+        agreed = verdict
+        if self._allreducer is not None:
+            agreed = self._allreducer.allreduce_int(verdict, op='min')
+        if agreed == REFUTED:
+            self._to_confirm = 0
+            raise ValueError(observations.reduction_refusal(
+                comparison, other_ranks=verdict != REFUTED,
+                failure=None if failure is None else
+                accumulator.describe_error(failure),
+                iteration=iteration)) from failure
+        if agreed == SHOWN:
+            self._to_confirm -= 1
+            if not self.confirming:
+                self._say("CGDP reduction: 'mean' confirmed at iteration "
+                          '{}: {}'.format(
+                              iteration, observations.describe_loss(
+                                  comparison)))
+
+    @staticmethod
+    def _verdict(comparison):
+        """SHOWN where the batch shows the mean; UNTOLD where its loss
+        matches the mean but its shares cannot show it (its update is
+        StandardUpdater's all the same), or is not finite (an overflow,
+        which dynamic loss scaling skips, tells nothing); else REFUTED (the
+        update with the mean would not be StandardUpdater's)."""
+        if comparison.kind == 'mean':
+            return SHOWN
+        if observations.matches_mean(comparison) or \
+                not observations.all_finite(comparison):
+            return UNTOLD
+        return REFUTED
+
+    def _split(self, batch):
+        """The shares to compare: the devices', or two halves of the batch
+        on one device (None: one example on one device)."""
+        if self._n_devices >= 2:
+            return batch.inputs, batch.counts
+        return batch.split(2)
 
     def _probe(self, batch, parts, counts):
         """Runs the comparisons' forwards; learns each reported key's kind
@@ -97,9 +183,7 @@ class ReductionFinder(object):
         """
         n = self._n_devices
         try:
-            forwards = observations.probe_forwards(
-                self._master, self._loss_func,
-                [shared.copied_inputs(batch.whole_inputs)] + [shared.copied_inputs(p) for p in parts])
+            forwards = self._forwards(batch, parts)
         except Exception as error:
             # A forward that needs the graph (chainer.grad in it) or train
             # mode: the comparisons tell nothing; training is unaffected.
@@ -118,12 +202,41 @@ class ReductionFinder(object):
             self._say('CGDP reported values, combined over the {} replicas '
                       'as the whole batch reports them: {}'.format(
                           n, self._report_kinds.describe(whole.observation)))
-        comparison = observations.compare(
-            whole.loss, [f.loss for f in shares], counts)
         if self._given is not None:
-            return comparison, None
-        if comparison.kind == 'mean' and \
-                not observations.discriminates(comparison):
+            return None, None
+        return self._judge(batch, whole.loss, [f.loss for f in shares],
+                           counts)
+
+    def _compare_loss(self, batch, parts, counts):
+        """The loss of a later batch compared, as :meth:`_probe` compares
+        the first's (no reported values)."""
+        try:
+            forwards = self._forwards(batch, parts)
+        except Exception as error:
+            return None, error
+        return self._judge(batch, forwards[0].loss,
+                           [f.loss for f in forwards[1:]], counts)
+
+    def _forwards(self, batch, parts):
+        """The master's deterministic forwards on the whole batch, then on
+        each share."""
+        return observations.probe_forwards(
+            self._master, self._loss_func,
+            [shared.copied_inputs(batch.whole_inputs)] +
+            [shared.copied_inputs(part) for part in parts])
+
+    def _judge(self, batch, whole, parts, counts):
+        """The loss's comparison within float rounding, on finer shares
+        where the shares do not show the form it matches, within the
+        sampling noise where it matches neither.
+
+        Returns:
+            tuple: As for :meth:`_probe`.
+        """
+        comparison = observations.compare(whole, parts, counts,
+                                          rounding=True)
+        if comparison.kind in observations.KINDS and \
+                not observations.shows_form(comparison):
             return self._compare_finer(batch, comparison)
         if comparison.kind != 'neither':
             return comparison, None
@@ -131,20 +244,22 @@ class ReductionFinder(object):
 
     def _compare_finer(self, batch, comparison):
         """The loss compared on finer shares of the batch, for a match
-        with the mean whose shares' losses were too near each other to
-        show its weights (see
-        :func:`~cgdp_chainer.runtime.replica.observations.discriminates`).
+        that the shares do not show (see
+        :func:`~cgdp_chainer.runtime.replica.observations.shows_form`):
+        their losses too near each other to show the mean's weights, or
+        fewer than two of them not zero.
 
         Args:
-            batch (Batch): The first batch.
+            batch (Batch): The batch.
             comparison (Comparison): The comparison on the devices' shares.
 
         Returns:
             tuple: As for :meth:`_probe`; the kind ``'indistinct'`` where
-            the finer shares do not show the weights either.
+            the finer shares do not show the form either.
         """
         shares = min(sum(batch.counts), observations.FINER_SHARES)
-        split = batch.split(shares) if shares > len(batch.counts) else None
+        split = batch.split(shares) if shares > len(comparison.parts) \
+            else None
         if split is None:
             return comparison._replace(kind='indistinct'), None
         parts, counts = split
@@ -155,8 +270,10 @@ class ReductionFinder(object):
         except Exception as error:
             return None, error
         finer = observations.compare(
-            comparison.whole, [f.loss for f in forwards], counts)
-        if finer.kind == 'mean' and not observations.discriminates(finer):
+            comparison.whole, [f.loss for f in forwards], counts,
+            rounding=True)
+        if finer.kind in observations.KINDS and \
+                not observations.shows_form(finer):
             finer = finer._replace(kind='indistinct')
         return finer, None
 
@@ -207,10 +324,14 @@ class ReductionFinder(object):
             high = self._allreducer.allreduce_int(code, op='max')
         if low == high and code:
             self._say('CGDP reduction: {!r}, found {}at the first '
-                      'iteration: {} (reduction= skips this check)'.format(
+                      'iteration: {} (reduction= skips this check{})'.format(
                           found, 'within sampling noise '
                           if comparison.again is not None else '',
-                          observations.describe_loss(comparison)))
+                          observations.describe_loss(comparison),
+                          '; compared again before the update of each '
+                          'later iteration until {} more batches show '
+                          'it'.format(CONFIRMING_BATCHES)
+                          if found == 'mean' else ''))
             return found
         raise ValueError(observations.reduction_refusal(
             comparison, other_ranks=code != 0,

@@ -39,10 +39,23 @@ KINDS = ('sum', 'mean')
 RTOL = 1e-4
 RTOL_HALF = 1e-2  # float16 values, or chainer.config.dtype float16
 
+# How far a loss that is a sum or a mean over the examples may be from the
+# shares' sum or mean, in units of its dtype's machine epsilon times its
+# magnitude (see rounding_tolerance): each of the N examples' terms is
+# rounded once as the whole batch's forward adds it up and once as its
+# share's does (recursive summation's first-order bound, N units of
+# epsilon; NumPy's and CuPy's tree sums stay far below it); this margin
+# more covers the sums inside each example's term (log2 of any count of
+# pixels or tokens below 2**31 in a tree sum) and the model's arithmetic,
+# which computes each example in batches of another size (BLAS blocks them
+# differently; measured within 3.5 epsilon on conv and linear nets, float32
+# and float64).
+ROUNDING_MARGIN = 32
 # How near the whole batch's loss must be to the shares' mean weighted by
 # their examples, as a fraction of how far apart the shares' losses are,
-# for the match to show that those are the loss's weights. A loss that is
-# a mean over something else (the pixels it does not ignore, as
+# for the match to show that those are the loss's weights (the shares'
+# losses must also be further apart than the rounding tolerance). A loss
+# that is a mean over something else (the pixels it does not ignore, as
 # softmax_cross_entropy with ignore_label) weighs the shares by their
 # counts of those, and its value then lies elsewhere between the shares'
 # losses, by about the weights' difference times their spread: within 1%
@@ -249,8 +262,9 @@ def _is_integral(arrays):
 
 
 Comparison = collections.namedtuple(
-    'Comparison', ('kind', 'whole', 'parts', 'sum', 'mean', 'again'),
-    defaults=(None,))
+    'Comparison', ('kind', 'whole', 'parts', 'sum', 'mean', 'again',
+                   'tolerance'),
+    defaults=(None, None))
 Comparison.__doc__ = """The whole batch's value against its shares' values.
 
 Attributes:
@@ -259,29 +273,36 @@ Attributes:
         ``'both'`` (both match, e.g. zeros), ``'neither'``, ``'shapes'``
         (arrays whose shapes differ between the whole batch and the shares:
         a value per example), ``'unknown'`` (missing, or not a number), or
-        ``'indistinct'`` (a mean whose weights the shares' losses, too
-        near each other, cannot show; see :func:`discriminates`).
+        ``'indistinct'`` (a loss's match that the shares' losses cannot
+        show: too near each other to show a mean's weights, or fewer than
+        two that are not zero; see :func:`shows_form`).
     whole, parts: The values compared (as reported).
     sum, mean (numpy.ndarray or None): The shares' sum and weighted mean.
     again: None, or (for a value that draws random numbers, see
         :func:`within_noise`) the whole batch's value from a second forward
         with other random numbers; ``kind`` was then decided within the
         sampling noise.
+    tolerance (dict or None): For a loss compared within rounding
+        (:func:`rounding_tolerance`), ``'sum'`` and ``'mean'``: how far
+        the whole batch's loss may be from each.
 """
 
 
-def compare(whole, parts, counts):
+def compare(whole, parts, counts, rounding=False):
     """Whether a value of the whole batch is the sum or the mean of the
     values of its shares.
 
-    Integers are compared exactly; floats within :data:`RTOL` (or
-    :data:`RTOL_HALF` for float16) of the larger of the whole batch's value
-    and the sum of the shares' magnitudes.
+    Integers are compared exactly. Floats, for reported values, within
+    :data:`RTOL` (or :data:`RTOL_HALF` for float16) of the larger of the
+    whole batch's value and the sum of the shares' magnitudes; for the
+    loss (``rounding``), within its float rounding
+    (:func:`rounding_tolerance`).
 
     Args:
         whole: The value on the whole batch.
         parts (list): The value on each share.
         counts (list of int): Each share's examples.
+        rounding (bool): Whether to compare within float rounding.
 
     Returns:
         Comparison: What was found.
@@ -293,6 +314,7 @@ def compare(whole, parts, counts):
     if any(array.shape != target.shape for array in shares):
         return Comparison('shapes', whole, parts, None, None)
     total = sum(counts)
+    tolerance = None
     if _is_integral(arrays):
         ints = [array.astype(numpy.int64) for array in arrays]
         added = numpy.asarray(sum(ints[1:]))
@@ -301,38 +323,146 @@ def compare(whole, parts, counts):
         is_sum = numpy.array_equal(ints[0], added)
         is_mean = numpy.array_equal(ints[0] * total, weighted)
         mean = weighted / total
+        exact = numpy.zeros(target.shape)
+        tolerance = {'sum': exact, 'mean': exact}
     else:
         floats = [array.astype(numpy.float64) for array in arrays]
         added = numpy.asarray(sum(floats[1:]))
         mean = numpy.asarray(sum(count / total * array for count, array in
                                  zip(counts, floats[1:])))
-        half = any(array.dtype == numpy.float16 for array in arrays) or \
-            numpy.dtype(chainer.get_dtype()) == numpy.float16
-        scale = numpy.maximum(numpy.abs(floats[0]), numpy.asarray(
-            sum(numpy.abs(array) for array in floats[1:])))
-        tolerance = (RTOL_HALF if half else RTOL) * scale
-        is_sum = bool(numpy.all(numpy.abs(floats[0] - added) <= tolerance))
-        is_mean = bool(numpy.all(numpy.abs(floats[0] - mean) <= tolerance))
+        if rounding:
+            tolerance = rounding_tolerance(arrays, counts)
+        else:
+            scale = numpy.maximum(numpy.abs(floats[0]), numpy.asarray(
+                sum(numpy.abs(array) for array in floats[1:])))
+            bound = (RTOL_HALF if _computed_in_half(arrays) else RTOL) * scale
+            tolerance = {'sum': bound, 'mean': bound}
+        is_sum = bool(numpy.all(numpy.abs(floats[0] - added) <=
+                                tolerance['sum']))
+        is_mean = bool(numpy.all(numpy.abs(floats[0] - mean) <=
+                                 tolerance['mean']))
     kind = 'both' if is_sum and is_mean else 'sum' if is_sum else \
         'mean' if is_mean else 'neither'
-    return Comparison(kind, whole, parts, added, mean)
+    return Comparison(kind, whole, parts, added, mean,
+                      tolerance=tolerance if rounding else None)
 
 
-def discriminates(comparison):
-    """Whether a comparison that found ``'mean'`` shows the loss's weights
-    to be the shares' examples: the whole batch's loss is within
-    :data:`WEIGHTS_SHOWN_WITHIN` of the shares' spread (the largest
-    difference between two shares' losses) from their weighted mean.
+def _computed_in_half(arrays):
+    return any(array.dtype == numpy.float16 for array in arrays) or \
+        numpy.dtype(chainer.get_dtype()) == numpy.float16
+
+
+def rounding_tolerance(arrays, counts):
+    """How far a loss that is a sum or a mean over the examples may be
+    from the shares' sum or weighted mean by float rounding alone:
+    ``(N + ROUNDING_MARGIN) * eps * scale``, with N the batch's examples,
+    ``eps`` the machine epsilon of the least precise of the values' dtypes
+    and ``chainer.config.dtype`` (the forwards computed in it), and
+    ``scale`` the larger of the whole batch's magnitude and the shares'
+    (their sum's for the sum, their weighted mean's for the mean); see
+    :data:`ROUNDING_MARGIN`.
+
+    Args:
+        arrays (list of numpy.ndarray): The whole batch's value, then each
+            share's (floats).
+        counts (list of int): Each share's examples.
+
+    Returns:
+        dict: ``'sum'`` and ``'mean'`` to the tolerance (arrays of the
+        values' shape).
+    """
+    dtypes = [array.dtype for array in arrays if array.dtype.kind == 'f']
+    dtypes.append(numpy.dtype(chainer.get_dtype()))
+    eps = max(float(numpy.finfo(dtype).eps) for dtype in dtypes)
+    total = sum(counts)
+    units = (total + ROUNDING_MARGIN) * eps
+    whole = numpy.abs(arrays[0].astype(numpy.float64))
+    magnitudes = [numpy.abs(array.astype(numpy.float64))
+                  for array in arrays[1:]]
+    return {'sum': units * numpy.maximum(whole, sum(magnitudes)),
+            'mean': units * numpy.maximum(whole, sum(
+                count / total * magnitude
+                for count, magnitude in zip(counts, magnitudes)))}
+
+
+def informative_parts(comparison):
+    """The shares whose loss is not exactly zero: a share whose loss is
+    zero (a constant without a graph, as SSD's loss on a share without a
+    positive box) adds nothing to a sum and weighs nothing in a mean over
+    what it lacks, so it tells nothing about the form.
+
+    Args:
+        comparison (Comparison): From :func:`compare`.
+
+    Returns:
+        list of numpy.ndarray: Those shares' values, as float64.
+    """
+    parts = [_numeric(part).astype(numpy.float64)
+             for part in comparison.parts]
+    return [part for part in parts if numpy.any(part != 0)]
+
+
+def matches_mean(comparison):
+    """Whether a loss's comparison within rounding found the whole batch's
+    loss within its tolerance of the shares' mean weighted by their
+    examples, whether or not the shares show it (:func:`shows_form`), or
+    (a loss decided within its sampling noise) found ``'mean'``.
+
+    Args:
+        comparison (Comparison): A loss's, from :func:`compare` with
+            ``rounding``.
+    """
+    if comparison.kind in ('mean', 'both'):
+        return True
+    if comparison.kind != 'indistinct':
+        return False
+    whole = _numeric(comparison.whole).astype(numpy.float64)
+    return bool(numpy.all(numpy.abs(whole - comparison.mean) <=
+                          comparison.tolerance['mean']))
+
+
+def all_finite(comparison):
+    """Whether the whole batch's value and every share's are finite
+    numbers (not a float overflow or NaN).
 
     Args:
         comparison (Comparison): From :func:`compare`.
     """
-    parts = numpy.asarray([_numeric(part).astype(numpy.float64)
-                           for part in comparison.parts])
-    spread = numpy.max(parts.max(axis=0) - parts.min(axis=0))
+    values = [_numeric(value) for value in
+              [comparison.whole] + list(comparison.parts)]
+    return all(value is not None and bool(numpy.all(numpy.isfinite(value)))
+               for value in values)
+
+
+def shows_form(comparison):
+    """Whether a loss's match within rounding (:func:`compare` with
+    ``rounding``) shows its form: two shares or more whose losses are not
+    zero (:func:`informative_parts`); for the sum, the whole batch's loss
+    beyond their range by more than the tolerance (no mean of them,
+    however weighted, lies there); for the mean, their losses
+    spread (the largest difference between two of them) wider than the
+    rounding tolerance, with the whole batch's loss within
+    :data:`WEIGHTS_SHOWN_WITHIN` of that spread from their weighted mean,
+    so that the match shows the weights to be the shares' examples.
+
+    Args:
+        comparison (Comparison): A loss's, that found ``'sum'`` or
+            ``'mean'``.
+    """
+    parts = informative_parts(comparison)
+    if len(parts) < 2:
+        return False
+    parts = numpy.asarray(parts)
     whole = _numeric(comparison.whole).astype(numpy.float64)
-    off = numpy.max(numpy.abs(whole - comparison.mean))
-    return bool(spread > 0 and off <= WEIGHTS_SHOWN_WITHIN * spread)
+    if comparison.kind == 'sum':
+        # Outside the shares' range: no mean of them, however weighted.
+        outside = numpy.maximum(parts.min(axis=0) - whole,
+                                whole - parts.max(axis=0))
+        return bool(numpy.any(outside > comparison.tolerance['sum']))
+    spread = float(numpy.max(parts.max(axis=0) - parts.min(axis=0)))
+    off = float(numpy.max(numpy.abs(whole - comparison.mean)))
+    tolerance = float(numpy.max(comparison.tolerance['mean']))
+    return spread > tolerance and off <= WEIGHTS_SHOWN_WITHIN * spread
 
 
 def within_noise(comparison, again):
@@ -839,13 +969,19 @@ def describe_loss(comparison):
 
 
 _REDUCTION_CHOICES = (
-    "Give CGDPUpdater(..., reduction='sum') if the loss adds up over the "
-    "examples (the devices' gradients are then summed), or "
-    "reduction='mean' if it is a mean over them (the devices' gradients "
-    "are averaged, weighted by their examples)")
+    "Give CGDPUpdater(..., reduction='mean') to train as ChainerMN does: "
+    "each device's loss as the model computes it on its share (a mean "
+    "over what that share holds), weighted by the share's examples; a loss "
+    "that is a mean over the examples (softmax_cross_entropy(..., "
+    "normalize=False) with ignore_label, a loss divided by the batch's "
+    "examples rather than by a count of positives) then gives "
+    "StandardUpdater's exact result, and the default finds it. Give "
+    "reduction='sum' if the loss adds up over the examples (the devices' "
+    "gradients are then summed)")
 
 
-def reduction_refusal(comparison, other_ranks=False, failure=None):
+def reduction_refusal(comparison, other_ranks=False, failure=None,
+                      iteration=None):
     """Why the reduction could not be found, and what to do, in words.
 
     Args:
@@ -855,16 +991,46 @@ def reduction_refusal(comparison, other_ranks=False, failure=None):
         other_ranks (bool): Whether this rank found one but another MPI
             rank found another, or none.
         failure (str or None): What the forwards raised, in words.
+        iteration (int or None): For the check of a later batch, its
+            iteration (counted from 1), whose update was not run.
     """
     if failure is not None:
         why = ('the forwards of the model that compare the whole batch\'s '
                'loss with its shares\' (chainer.config.train False, no '
                'backprop) raised {}'.format(failure))
+    elif other_ranks and iteration is not None:
+        why = ("another MPI rank's batch does not show it (see its error); "
+               'this rank\'s {}'.format(
+                   'batch holds one example, which cannot be split'
+                   if comparison is None else 'comparison: ' +
+                   describe_loss(comparison)))
     elif other_ranks:
         why = ("this MPI rank found {!r} ({}), but another rank found "
                "another reduction or none (see its error)".format(
                    comparison.kind, describe_loss(comparison)))
-    elif comparison is None:
+    elif iteration is not None:
+        why = ('{}: the whole batch\'s loss is not their mean within {} '
+               '(a loss normalized by a count of positive boxes, pixels or '
+               'tokens that differs between the shares, say)'.format(
+                   describe_loss(comparison), 'the sampling noise'
+                   if comparison.again is not None else
+                   'float rounding ({})'.format(
+                       _tolerance_words(comparison))))
+    else:
+        why = _why_untold(comparison)
+    if iteration is not None:
+        return ("CGDP found reduction='mean' at the first iteration, but "
+                "the batch of iteration {} does not confirm it, so its "
+                "update was not run (the earlier ones matched "
+                "StandardUpdater's): {}. {}.".format(
+                    iteration, why, _REDUCTION_CHOICES))
+    return ("CGDP cannot tell how the devices' gradients must be combined: "
+            '{}. {}.'.format(why, _REDUCTION_CHOICES))
+
+
+def _why_untold(comparison):
+    """Why a comparison of the loss found no reduction, in words."""
+    if comparison is None:
         why = ('the batch holds one example on one device, which cannot be '
                'split into shares to compare their losses with the whole '
                "batch's")
@@ -872,31 +1038,43 @@ def reduction_refusal(comparison, other_ranks=False, failure=None):
         why = ('{}: both match (e.g. zero losses), so whether the loss adds '
                'up over the examples or averages them cannot be told'.format(
                    describe_loss(comparison)))
+    elif comparison.kind == 'indistinct' and \
+            len(informative_parts(comparison)) < 2:
+        why = ('{}: the whole batch\'s loss matches, but fewer than two '
+               'shares have a loss that is not zero, even on {} shares; a '
+               'share whose loss is zero (or a constant without a graph, '
+               'as SSD\'s multibox loss on a share without a positive box) '
+               'tells nothing of the form: a loss normalized by a count of '
+               'what the other shares hold would match too'.format(
+                   describe_loss(comparison), len(comparison.parts)))
     elif comparison.kind == 'indistinct':
-        why = ('{}: the whole batch\'s loss matches the mean, but not '
-               'within {:g} of the shares\' spread, which is too small to '
-               'show that it weighs them by their examples rather than by '
-               'something else (a mean over '
+        why = ('{}: the whole batch\'s loss matches the mean within float '
+               'rounding ({:.3g}), but not within {:g} of the shares\' '
+               'spread, or the spread is within that rounding: too small '
+               'to show that it weighs them by their examples rather than '
+               'by something else (a mean over '
                'the pixels or tokens that are not ignored, as '
                'softmax_cross_entropy with ignore_label: then neither '
-               "reduction gives StandardUpdater's result exactly; "
-               'softmax_cross_entropy(..., normalize=False) is a mean over '
-               'the examples), even on {} finer shares'.format(
-                   describe_loss(comparison), WEIGHTS_SHOWN_WITHIN,
-                   len(comparison.parts)))
+               "reduction gives StandardUpdater's result exactly), even "
+               'on {} finer shares'.format(
+                   describe_loss(comparison),
+                   float(numpy.max(comparison.tolerance['mean'])),
+                   WEIGHTS_SHOWN_WITHIN, len(comparison.parts)))
     elif comparison.kind == 'neither' and comparison.again is not None:
         why = ('{}. Neither matches within the sampling noise: it is too '
                'large against the distance between the shares\' sum and '
                'mean to tell them apart'.format(describe_loss(comparison)))
     elif comparison.kind == 'neither':
         why = ('{}: neither matches, and a second forward on the whole '
-               'batch gave the same loss. The loss is neither a sum nor a '
-               'mean over the examples (a mean over the tokens of sequences '
-               'of different lengths, or over the pixels a loss does not '
-               'ignore, say: then neither reduction gives '
+               'batch gave the same loss (float rounding allows {}). The '
+               'loss is neither a sum nor a mean over the examples (a mean '
+               'over the tokens of sequences of different lengths, over '
+               'the pixels a loss does not ignore, or normalized by a '
+               'count of positive boxes, say: then neither reduction gives '
                "StandardUpdater's result exactly), or its forward draws "
                'random numbers from a generator of its own, which drew the '
-               'same again'.format(describe_loss(comparison)))
+               'same again'.format(describe_loss(comparison),
+                                   _tolerance_words(comparison)))
     elif comparison.kind == 'shapes':
         why = ('the loss is an array whose shape follows the batch ({} on '
                'the whole batch, {} on the shares)'.format(
@@ -906,5 +1084,14 @@ def reduction_refusal(comparison, other_ranks=False, failure=None):
         why = ('with chainer.config.train False the loss function returned '
                '{} (on the whole batch), not a Variable of numbers'.format(
                    type(comparison.whole).__name__))
-    return ("CGDP cannot tell how the devices' gradients must be combined: "
-            '{}. {}.'.format(why, _REDUCTION_CHOICES))
+    return why
+
+
+def _tolerance_words(comparison):
+    if comparison.tolerance is None:
+        return 'exactly'
+    return ('{:.3g} of the sum, {:.3g} of the mean: (examples + {}) times '
+            'the machine epsilon times the loss\'s magnitude'.format(
+                float(numpy.max(comparison.tolerance['sum'])),
+                float(numpy.max(comparison.tolerance['mean'])),
+                ROUNDING_MARGIN))
