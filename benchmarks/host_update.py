@@ -56,6 +56,7 @@ import chainer
 import numpy
 
 import cgdp_chainer
+from benchmarks import TIMED_REDUCTION
 from cgdp_chainer import datasets
 from cgdp_chainer.runtime.host import host_update
 from experiments import cli
@@ -112,7 +113,8 @@ def cgdp_updater(net, fused, n_replicas, batch, image_size):
     os.environ[host_update.BACKEND_VARIABLE] = 'auto' if fused else 'off'
     try:
         return cgdp_chainer.CGDPUpdater(
-            iterator, optimizer, ['@numpy'] * n_replicas, chunk_size=4)
+            iterator, optimizer, ['@numpy'] * n_replicas, chunk_size=4,
+            reduction=TIMED_REDUCTION)
     finally:
         if saved is None:
             del os.environ[host_update.BACKEND_VARIABLE]
@@ -192,7 +194,8 @@ def host_bound_updater(make_optimizer, make_hooks, units, layers,
         rng.randint(0, units, n).astype(numpy.int32))
     iterator = chainer.iterators.SerialIterator(data, n, shuffle=False)
     return cgdp_chainer.CGDPUpdater(iterator, optimizer,
-                                    ['@numpy'] * n_replicas, chunk_size=1)
+                                    ['@numpy'] * n_replicas, chunk_size=1,
+                                    reduction=TIMED_REDUCTION)
 
 
 def spelling_verdicts(iterations, units, layers):

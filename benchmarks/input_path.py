@@ -43,6 +43,7 @@ from chainer.training import updaters
 import numpy
 
 import cgdp_chainer
+from benchmarks import TIMED_REDUCTION
 from cgdp_chainer import allocator
 
 _CROP_MARGIN = 4  # pixels the random crop may move
@@ -113,7 +114,7 @@ def _updater(mode, iterator, args):
         return updaters.StandardUpdater(iterator, optimizer)
     return cgdp_chainer.CGDPUpdater(
         iterator, optimizer, ['@numpy'], workers=mode,
-        blas_threads=args.blas_threads)
+        blas_threads=args.blas_threads, reduction=TIMED_REDUCTION)
 
 
 def _median_iteration(mode, pipeline, passes, args):

@@ -66,6 +66,7 @@ import time
 from experiments import cli  # NOQA: first, it silences import-time warnings
 
 from benchmarks import host_update as host_update_benchmark
+from benchmarks import TIMED_REDUCTION
 
 import models
 import chainer
@@ -135,7 +136,8 @@ def _updater(mode, model, n_devices, batch, image_size, timeline=None):
                                        n_classes=1000, seed=index),
             batch, shuffle=False) for index in range(n_devices)]
     return cgdp_chainer.CGDPUpdater(iterator, optimizer, devices,
-                                    timeline=timeline, workers=workers)
+                                    timeline=timeline, workers=workers,
+                                    reduction=TIMED_REDUCTION)
 
 
 def _iteration_times(updater, iterations, warmup):
