@@ -115,6 +115,7 @@ def test_the_replica_carries_no_forward_leftovers():
     # and keeps what the model holds that no forward made.
     model = chainer.links.Classifier(chainer.links.Linear(None, 2000))
     model.constant = numpy.arange(3, dtype=numpy.float32)
+    model.constant_variable = chainer.Variable(model.constant * 2)
 
     def pickled_size():
         return len(replica_copy.pickle_replica(
@@ -128,4 +129,6 @@ def test_the_replica_carries_no_forward_leftovers():
     replica = _copied(model)
     assert (replica.y, replica.loss, replica.accuracy) == (None, None, None)
     numpy.testing.assert_array_equal(replica.constant, model.constant)
+    numpy.testing.assert_array_equal(replica.constant_variable.array,
+                                     model.constant * 2)
     assert model.y is not None  # the master keeps its own

@@ -222,16 +222,16 @@ def _links_of(master, loss_func):
 
 def forward_leftovers(links):
     """What the links' forwards left on them: each attribute's value that
-    is a ``chainer.Variable`` but not a parameter (``Classifier``'s ``y``,
-    ``loss`` and ``accuracy``, an LSTM's state).
+    is a ``chainer.Variable`` computed by a function, with its graph
+    (``Classifier``'s ``y``, ``loss`` and ``accuracy``, an LSTM's state).
 
-    A link's own values are parameters (Variables), persistents and
-    constants (arrays); a Variable that is neither was computed by a
-    forward, with the graph that made it, for the batch of that forward.
-    A replica starts without them (None), as a link just built does, and
-    its own forward sets them again. Left in, the master's first forward
-    on the whole batch, which initializes lazy layers, would give every
-    worker a copy of its outputs (megabytes for a large layer).
+    A link's own values are parameters, persistents and constants (arrays,
+    or Variables made from them, which have no creator); a Variable that a
+    function made is the output of a forward, for the batch of that
+    forward. A replica starts without them (None), as a link just built
+    does, and its own forward sets them again. Left in, the master's first
+    forward on the whole batch, which initializes lazy layers, would give
+    every worker a copy of its outputs (megabytes for a large layer).
 
     Args:
         links (list of chainer.Link): The links to look at.
@@ -243,7 +243,7 @@ def forward_leftovers(links):
     for link in links:
         for value in vars(link).values():
             if isinstance(value, chainer.Variable) and \
-                    not isinstance(value, chainer.Parameter):
+                    value.creator_node is not None:
                 found[id(value)] = value
     return list(found.values())
 
