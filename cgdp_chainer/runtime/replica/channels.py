@@ -145,7 +145,8 @@ class ThreadReplicas(object):
                 self.devices, self.replicas, self.loss_funcs, self.ports)):
             link = _ThreadLink(index, deliver, self.failures)
             thread = threading.Thread(
-                target=self._serve, name='cgdp-replica-{}'.format(index),
+                target=self._serve,
+                name=worker_launch.WORKER_NAME.format(index),
                 args=(index, device, replica, loss_func, port, link),
                 daemon=True)
             thread.start()

@@ -25,7 +25,8 @@ import multiprocessing
 import multiprocessing.spawn
 import threading
 
-# A worker process's name; also what picks it out in its preparation data.
+# A replica's worker process (or thread) name; for a process, also what
+# picks it out in its preparation data.
 WORKER_NAME = 'cgdp-replica-{}'
 _WORKER_PREFIX = WORKER_NAME.format('')
 
