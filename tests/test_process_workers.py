@@ -288,6 +288,28 @@ def test_a_worker_killed_while_starting_surfaces_leaving_nothing(tmp_path):
     assert multiprocessing.active_children() == []
 
 
+class _FailsOnTheMaster(staged_models.StagedMLP):
+    """A lazy layer, and a forward that raises: the master's first
+    forward, while the workers launched ahead boot, fails."""
+
+    def __init__(self):
+        super(_FailsOnTheMaster, self).__init__()
+        with self.init_scope():
+            self.lazy = L.Linear(None, 3)
+
+    def forward(self, x):
+        raise ValueError('the forward failed on purpose')
+
+
+def test_workers_launched_ahead_end_when_the_first_forward_fails():
+    updater = _updater(L.Classifier(_FailsOnTheMaster()))
+    with pytest.raises(ValueError, match='failed on purpose'):
+        updater.update()
+    # Ended by update() itself, not left for finalize() or exit.
+    assert multiprocessing.active_children() == []
+    updater.finalize()
+
+
 def test_a_model_defined_in_the_script_works_with_the_main_guard(tmp_path):
     result = _run_script(tmp_path, '''
         import sys

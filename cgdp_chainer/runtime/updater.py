@@ -597,6 +597,9 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         the chunk size if a chooser is waiting, then builds the replicas,
         the host accumulator and starts the workers.
 
+        Worker processes are launched first: each boots (an interpreter,
+        Chainer) while the master's forwards run here.
+
         Args:
             batch (Batch): The first batch.
 
@@ -604,6 +607,20 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             dict: Values with their graphs to report for the first iteration
             (from the master's forward on the whole batch), or None.
         """
+        launched = None
+        if self.workers == 'process':
+            launched = channels.launch_workers(self._start_method,
+                                               len(self._devices))
+        try:
+            return self._start_with(batch, launched)
+        finally:
+            if launched is not None:
+                # Those the replicas did not take: the first iteration
+                # failed before.
+                launched.close()
+
+    def _start_with(self, batch, launched):
+        """:meth:`_start`, the workers launched (or None for threads)."""
         optimizer = self.get_optimizer('main')
         master = optimizer.target
         first_reports = None
@@ -641,7 +658,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             replicas = channels.ProcessReplicas(
                 master, self._devices, self.loss_func, self._failures,
                 blas_threads=self._blas_threads,
-                start_method=self._start_method)
+                start_method=self._start_method, launched=launched)
         else:
             replicas = channels.ThreadReplicas(
                 master, self._devices, self.loss_func, self._failures,

@@ -324,6 +324,9 @@ class ProcessReplicas(object):
         blas_threads (int or None): BLAS threads of each CPU worker.
         start_method (str): ``'spawn'`` or ``'forkserver'`` (CUDA forbids
             ``fork`` once it is initialized).
+        launched (LaunchedWorkers or None): Worker processes started
+            ahead by :func:`launch_workers`, one per device; None: they
+            start in :meth:`start`.
 
     Raises:
         ValueError: The model or ``loss_func`` cannot be pickled, or its
@@ -333,7 +336,7 @@ class ProcessReplicas(object):
     kind = 'process'
 
     def __init__(self, master, devices, loss_func, failures,
-                 blas_threads=None, start_method='spawn'):
+                 blas_threads=None, start_method='spawn', launched=None):
         if start_method not in START_METHODS:
             raise ValueError('start_method must be one of {}; got {!r}'.format(
                 ', '.join(START_METHODS), start_method))
@@ -341,6 +344,7 @@ class ProcessReplicas(object):
         self.failures = failures
         self._model = master
         self.start_method = start_method
+        self._launched = launched
         self.blas_limit = blas.threads_per_replica(
             cpu_replica_count(devices), blas_threads)
         master_params = dict(master.namedparams())
@@ -408,36 +412,24 @@ class ProcessReplicas(object):
         """
         started = time.perf_counter()
         self._deliver = deliver
-        for index, device in enumerate(self.devices):
-            parent_end, child_end = multiprocessing.Pipe(duplex=True)
-            init = _WorkerInit(
-                index=index, device_spec=devices_module.spec_of(device),
-                replica_layout=self._replica_arena.layout,
-                master_layout=self._master_arena.layout,
-                slot_layout=self._slot_arenas[index].layout,
-                flat_layout=self.master.layout,
-                blas_threads=self.blas_limit, parent_pid=os.getpid())
-            try:
-                process = worker_launch.start_worker(
-                    self.start_method, index, process_main,
-                    (init, child_end))
-            except RuntimeError as error:
-                # multiprocessing refuses to start a process from a process
-                # that is itself starting (importing its main module).
-                raise RuntimeError(
-                    'could not start the CGDP worker processes: {}. The '
-                    'updater was built while this process was being started '
-                    'by multiprocessing, which runs its script again: guard '
-                    "that script's training code with if __name__ == "
-                    "'__main__':".format(error)) from error
-            child_end.close()
-            self._conns[index] = parent_end
-            self._processes.append(process)
+        launched, self._launched = self._launched, None
+        if launched is None:
+            launched = launch_workers(self.start_method, len(self.devices))
+        self._processes, self._conns = launched.hand_over()
         # A script that ends without finalize() (after catching an error,
         # say) must not hang in multiprocessing's exit handler, which joins
         # the workers, and must not leave its segments behind: this runs
         # before that handler (exit handlers run last registered first).
         atexit.register(self.close)
+        for index, device in enumerate(self.devices):
+            # Small (layouts), so the send does not wait for the worker.
+            self._send(index, _WorkerInit(
+                index=index, device_spec=devices_module.spec_of(device),
+                replica_layout=self._replica_arena.layout,
+                master_layout=self._master_arena.layout,
+                slot_layout=self._slot_arenas[index].layout,
+                flat_layout=self.master.layout,
+                blas_threads=self.blas_limit, parent_pid=os.getpid()))
         self.notes = [note for note in self._await_ready(started) if note]
         # Every worker has its replica: the pickle's memory can go.
         self._replica_arena.close()
@@ -677,6 +669,8 @@ class ProcessReplicas(object):
         if self._closed:
             return
         self._closed = True
+        if self._launched is not None:  # never started
+            self._launched.close()
         atexit.unregister(self.close)
         self._stopping.set()
         self._broadcast(('stop',))
@@ -705,6 +699,21 @@ class ProcessReplicas(object):
             arena.close()
         for batch in self._batches:
             batch.close()
+
+
+def launch_workers(start_method, count):
+    """Starts ``count`` worker processes ahead of their replicas: each
+    boots while the caller goes on, and serves the replica that
+    :class:`ProcessReplicas` later hands it.
+
+    Args:
+        start_method (str): ``'spawn'`` or ``'forkserver'``.
+        count (int): How many.
+
+    Returns:
+        LaunchedWorkers: For :class:`ProcessReplicas` (``launched=``).
+    """
+    return worker_launch.LaunchedWorkers(start_method, count, process_main)
 
 
 def release_master(flat_master, model):
@@ -742,11 +751,12 @@ class _WorkerInit(object):
 
 # ---------------------------------------------------------------- the worker
 
-def process_main(init, conn):
-    """Entry point of a worker process: serves iterations until stopped.
+def process_main(conn):
+    """Entry point of a worker process: waits for what it serves (a
+    :class:`_WorkerInit`: where its replica, its device and the shared
+    layouts are), then serves iterations until stopped.
 
     Args:
-        init (_WorkerInit): The replica, its device and the shared layouts.
         conn (multiprocessing.connection.Connection): Its pipe to the host.
     """
     # Ctrl-C in a terminal (or a SIGTERM to the job's process group)
@@ -755,6 +765,10 @@ def process_main(init, conn):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _exit_with_parent()
+    try:
+        init = conn.recv()
+    except (EOFError, OSError):
+        return  # the first iteration failed before it had a replica
     sender = _LockedSender(conn)
     try:
         server = _WorkerServer(init, sender)
