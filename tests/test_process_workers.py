@@ -288,6 +288,42 @@ def test_a_worker_killed_while_starting_surfaces_leaving_nothing(tmp_path):
     assert multiprocessing.active_children() == []
 
 
+def test_a_model_module_that_fails_to_import_in_a_worker_names_the_fix(
+        tmp_path, monkeypatch):
+    # The model's class comes from a module that imports only in the
+    # user's process: the worker, which imports it by name, fails while
+    # it starts, and the caller hears why and what to do.
+    (tmp_path / 'parent_only_model.py').write_text(textwrap.dedent('''
+        import os
+        import staged_models
+        if os.getpid() != int(os.environ['CGDP_TEST_PARENT']):
+            raise ImportError('this module imports in the parent only')
+
+
+        class ParentOnlyMLP(staged_models.StagedMLP):
+            pass
+    '''))
+    monkeypatch.setenv('CGDP_TEST_PARENT', str(os.getpid()))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import parent_only_model
+    try:
+        updater = _updater(L.Classifier(parent_only_model.ParentOnlyMLP()))
+        segments_before = _shared_memory_mapped_here()
+        with pytest.raises(RuntimeError) as raised:
+            updater.update()
+    finally:
+        del sys.modules['parent_only_model']  # later pickles: by value
+    message = str(raised.value)
+    assert 'replica 0 (@numpy' in message or 'replica 1 (@numpy' in message
+    assert 'while starting' in message
+    assert 'this module imports in the parent only' in message
+    assert "import without error in a fresh process; or pass " \
+        "workers='thread'" in message
+    assert multiprocessing.active_children() == []
+    assert _shared_memory_mapped_here() <= segments_before
+    updater.finalize()
+
+
 class _FailsOnTheMaster(staged_models.StagedMLP):
     """A lazy layer, and a forward that raises: the master's first
     forward, while the workers launched ahead boot, fails."""
