@@ -467,10 +467,9 @@ class ProcessReplicas(object):
             # A worker's error message before its exit, which says less.
             ready.sort(key=lambda handle: handle not in self._conns)
             for handle in ready:
-                index = waiting[handle]
+                index = waiting.pop(handle)
                 if handle is self._conns[index]:
                     notes[index] = self._take_ready(index)
-                    del waiting[handle]
                 elif index not in notes:
                     self._raise_died_while_starting(index)
         return [notes[index] for index in range(len(self._conns))]
