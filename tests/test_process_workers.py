@@ -153,36 +153,196 @@ def test_a_loss_func_that_cannot_be_pickled_is_refused():
                  loss_func=locked_loss)
 
 
-def _run_script(tmp_path, body, timeout=120):
+def _run_script(tmp_path, body, timeout=120, **fields):
     script = tmp_path / 'script.py'
-    script.write_text(textwrap.dedent(body).format(tests=TESTS, root=ROOT))
+    script.write_text(textwrap.dedent(body).format(tests=TESTS, root=ROOT,
+                                                   **fields))
     return subprocess.run([sys.executable, str(script)], capture_output=True,
                           text=True, timeout=timeout, cwd=str(tmp_path))
 
 
-def test_a_script_without_the_main_guard_gets_an_error_naming_the_fix(
-        tmp_path):
+@pytest.mark.parametrize('start_method', [
+    'spawn', pytest.param('forkserver', marks=pytest.mark.slow)])
+def test_a_script_without_the_main_guard_trains_as_standard_updater(
+        tmp_path, start_method):
+    # Training code at module level, as in Chainer's WaveNet example, a
+    # model class of the script's own, and a lazy layer whose output on the
+    # master's first forward is large: the workers never run the script
+    # (it notes every run), and train as StandardUpdater.
     result = _run_script(tmp_path, '''
-        import sys
+        import os, sys
+        with open('runs', 'a') as f:
+            f.write('{{}}\\n'.format(os.getpid()))
         sys.path[:0] = [{root!r}, {tests!r}]
-        import cgdp_chainer, chainer
+        import numpy, cgdp_chainer, chainer
+        import chainer.functions as F
         import chainer.links as L
         import staged_models
-        model = L.Classifier(staged_models.StagedMLP())
-        optimizer = chainer.optimizers.SGD()
-        optimizer.setup(model)
-        iterator = chainer.iterators.SerialIterator(staged_models.dataset(), 4)
-        updater = cgdp_chainer.CGDPUpdater(iterator, optimizer,
-                                           ['@numpy', '@numpy'])
+
+
+        class ScriptNet(chainer.Chain):
+            def __init__(self):
+                super().__init__()
+                with self.init_scope():
+                    self.wide = L.Linear(None, 20000)
+                    self.out = L.Linear(None, 5)
+
+            def forward(self, x):
+                return self.out(F.relu(self.wide(x)))
+
+
+        def train(make_updater):
+            numpy.random.seed(0)
+            model = L.Classifier(ScriptNet())
+            optimizer = chainer.optimizers.SGD(lr=0.1)
+            optimizer.setup(model)
+            iterator = chainer.iterators.SerialIterator(
+                staged_models.dataset(), 4, shuffle=False)
+            updater = make_updater(iterator, optimizer)
+            for _ in range(2):
+                updater.update()
+            updater.finalize()
+            return {{name: p.array for name, p in model.namedparams()}}
+
+
+        expected = train(chainer.training.updaters.StandardUpdater)
+        actual = train(lambda iterator, optimizer: cgdp_chainer.CGDPUpdater(
+            iterator, optimizer, ['@numpy', '@numpy'],
+            start_method={start_method!r}))
+        assert sorted(actual) == sorted(expected)
+        print('max difference', max(
+            float(abs(actual[name] - expected[name]).max())
+            for name in expected))
+        with open('runs') as f:
+            print('script runs', len(f.read().split()))
+    ''', start_method=start_method)
+    assert result.returncode == 0, result.stderr
+    difference = float(result.stdout.split('max difference ')[1].split()[0])
+    assert difference < 1e-5, result.stdout
+    assert 'script runs 1' in result.stdout
+
+
+def _shared_memory_mapped_here():
+    """The shared-memory segments this process maps."""
+    with open('/proc/self/maps') as f:
+        return {line.split()[-1] for line in f
+                if len(line.split()) > 5 and
+                line.split()[-1].startswith('/dev/shm/')}
+
+
+def test_a_worker_killed_while_starting_surfaces_leaving_nothing(tmp_path):
+    # The replica's pickle holds an object that, unpickled in a worker,
+    # says its pid and stalls there; the worker is killed while it starts.
+    pid_file = str(tmp_path / 'worker_pid')
+    parent = os.getpid()
+
+    def stall_in_a_worker():
+        if os.getpid() != parent:
+            written = '{}.{}'.format(pid_file, os.getpid())
+            with open(written, 'w') as f:
+                f.write(str(os.getpid()))
+            os.replace(written, pid_file)
+            time.sleep(120)
+
+    class StallsInWorker(object):
+        def __reduce__(self):
+            return stall_in_a_worker, ()
+
+    model = L.Classifier(staged_models.StagedMLP())
+    model.stall = StallsInWorker()
+    # Large enough to block a pipe that no one reads (64 KiB).
+    model.table = numpy.zeros(1 << 20, numpy.float32)
+    updater = _updater(model)
+    outcome = {}
+
+    def first_update():
         try:
             updater.update()
-        finally:
-            updater.finalize()
-        print('trained')
-    ''')
-    assert result.returncode != 0
-    assert "if __name__ == '__main__':" in result.stderr
-    assert 'trained' not in result.stdout
+        except RuntimeError as error:
+            outcome['error'] = error
+            outcome['raised'] = time.monotonic()
+    trainer = threading.Thread(target=first_update)
+    trainer.start()
+    deadline = time.monotonic() + 90  # a hang bound
+    while not os.path.exists(pid_file) and time.monotonic() < deadline:
+        assert trainer.is_alive(), outcome
+        time.sleep(0.05)
+    segments = _shared_memory_mapped_here()
+    assert segments  # the master's and the replica's arenas, at least
+    with open(pid_file) as f:
+        worker = int(f.read())
+    assert worker in [p.pid for p in multiprocessing.active_children()]
+    os.kill(worker, signal.SIGKILL)
+    killed = time.monotonic()
+    trainer.join(timeout=30)  # a hang bound, not a timing
+    assert not trainer.is_alive(), 'update() hung after a worker died'
+    message = str(outcome['error'])
+    assert 'while starting' in message and 'SIGKILL' in message
+    assert "workers='thread'" in message
+    assert "if __name__ == '__main__'" not in message
+    print('the kill surfaced after {:.2f} s'.format(
+        outcome['raised'] - killed))
+    updater.finalize()
+    assert not any(os.path.exists(path) for path in segments)
+    assert multiprocessing.active_children() == []
+
+
+def test_a_model_module_that_fails_to_import_in_a_worker_names_the_fix(
+        tmp_path, monkeypatch):
+    # The model's class comes from a module that imports only in the
+    # user's process: the worker, which imports it by name, fails while
+    # it starts, and the caller hears why and what to do.
+    (tmp_path / 'parent_only_model.py').write_text(textwrap.dedent('''
+        import os
+        import staged_models
+        if os.getpid() != int(os.environ['CGDP_TEST_PARENT']):
+            raise ImportError('this module imports in the parent only')
+
+
+        class ParentOnlyMLP(staged_models.StagedMLP):
+            pass
+    '''))
+    monkeypatch.setenv('CGDP_TEST_PARENT', str(os.getpid()))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import parent_only_model
+    try:
+        updater = _updater(L.Classifier(parent_only_model.ParentOnlyMLP()))
+        segments_before = _shared_memory_mapped_here()
+        with pytest.raises(RuntimeError) as raised:
+            updater.update()
+    finally:
+        del sys.modules['parent_only_model']  # later pickles: by value
+    message = str(raised.value)
+    assert 'replica 0 (@numpy' in message or 'replica 1 (@numpy' in message
+    assert 'while starting' in message
+    assert 'this module imports in the parent only' in message
+    assert "import without error in a fresh process; or pass " \
+        "workers='thread'" in message
+    assert multiprocessing.active_children() == []
+    assert _shared_memory_mapped_here() <= segments_before
+    updater.finalize()
+
+
+class _FailsOnTheMaster(staged_models.StagedMLP):
+    """A lazy layer, and a forward that raises: the master's first
+    forward, while the workers launched ahead boot, fails."""
+
+    def __init__(self):
+        super(_FailsOnTheMaster, self).__init__()
+        with self.init_scope():
+            self.lazy = L.Linear(None, 3)
+
+    def forward(self, x):
+        raise ValueError('the forward failed on purpose')
+
+
+def test_workers_launched_ahead_end_when_the_first_forward_fails():
+    updater = _updater(L.Classifier(_FailsOnTheMaster()))
+    with pytest.raises(ValueError, match='failed on purpose'):
+        updater.update()
+    # Ended by update() itself, not left for finalize() or exit.
+    assert multiprocessing.active_children() == []
+    updater.finalize()
 
 
 def test_a_model_defined_in_the_script_works_with_the_main_guard(tmp_path):

@@ -107,3 +107,28 @@ def test_a_forward_that_loops_over_six_moves_zip_trains_in_processes():
     assert_same_params(expected, actual)
     assert not all(numpy.array_equal(expected[name], p.array) for name, p in
                    _six_tagger().namedparams())
+
+
+def test_the_replica_carries_no_forward_leftovers():
+    # The master's first forward (lazy layers) leaves its outputs on
+    # Classifier (y, loss, accuracy): the replica's pickle leaves them out,
+    # and keeps what the model holds that no forward made.
+    model = chainer.links.Classifier(chainer.links.Linear(None, 2000))
+    model.constant = numpy.arange(3, dtype=numpy.float32)
+    model.constant_variable = chainer.Variable(model.constant * 2)
+
+    def pickled_size():
+        return len(replica_copy.pickle_replica(
+            model, None, dict(model.namedparams())))
+    built = pickled_size()
+    model(numpy.ones((4, 5), numpy.float32), numpy.zeros(4, numpy.int32))
+    assert model.y.shape == (4, 2000)
+    # The replica's parameters come from shared memory: a few bytes more
+    # for the initialized weights' shapes, not the forward's 32 KB output.
+    assert pickled_size() < built + 1000
+    replica = _copied(model)
+    assert (replica.y, replica.loss, replica.accuracy) == (None, None, None)
+    numpy.testing.assert_array_equal(replica.constant, model.constant)
+    numpy.testing.assert_array_equal(replica.constant_variable.array,
+                                     model.constant * 2)
+    assert model.y is not None  # the master keeps its own

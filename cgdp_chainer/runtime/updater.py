@@ -206,6 +206,9 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         self._failures = accumulator_module.FailureBox()
         self._streams = random_streams.ReplicaStreams(self._devices, workers)
         self._replicas = None
+        # Worker processes launched ahead (see _iterate) until the replicas
+        # take them.
+        self._launched = None
         self._accumulator = None
         self._refresh_persistents = False
         self._has_persistents = any(
@@ -367,6 +370,11 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self._device_view.restore()  # after an evaluation that raised
         if self._replicas is not None:
             self._take_user_edits(edited)
+        elif self.workers == 'process' and self._launched is None:
+            # They boot (an interpreter, Chainer) while the first batch is
+            # read and the master's first forwards run.
+            self._launched = channels.launch_workers(self._start_method,
+                                                     len(self._devices))
         batch = self._next_batches()
         first_reports = None
         if self._replicas is None:
@@ -681,7 +689,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             replicas = channels.ProcessReplicas(
                 master, self._devices, self.loss_func, self._failures,
                 blas_threads=self._blas_threads,
-                start_method=self._start_method)
+                start_method=self._start_method, launched=self._launched)
+            self._launched = None  # the replicas own them now
         else:
             replicas = channels.ThreadReplicas(
                 master, self._devices, self.loss_func, self._failures,
@@ -820,5 +829,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self._accumulator.close()
         if self._replicas is not None:
             self._replicas.close()
+        if self._launched is not None:  # the first iteration failed first
+            self._launched.close()
         if self._allreducer is not None:
             self._allreducer.close(abandon=self._failures.failed)

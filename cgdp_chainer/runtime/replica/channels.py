@@ -44,6 +44,7 @@ from cgdp_chainer.runtime.transport import shared
 from cgdp_chainer.runtime.replica import static_graph_models
 from cgdp_chainer.runtime.transport import transfer as transfer_module
 from cgdp_chainer.runtime.replica import worker as worker_module
+from cgdp_chainer.runtime.replica import worker_launch
 
 WORKER_KINDS = ('process', 'thread')
 
@@ -61,6 +62,14 @@ STARTUP_TIMEOUT_SECONDS = 120.0
 
 # After stop, how long a worker may take to leave before it is killed.
 STOP_TIMEOUT_SECONDS = 10.0
+
+
+# What a worker that fails while it starts needs, for its error message.
+_STARTUP_FAILURE_FIX = (
+    "A worker does not run the script: the model's classes and functions "
+    'defined in the script travel by value, those of other modules are '
+    "imported by name with the script's sys.path, so such a module must "
+    "import without error in a fresh process; or pass workers='thread'.")
 
 
 class ReplicaError(RuntimeError):
@@ -143,7 +152,8 @@ class ThreadReplicas(object):
                 self.devices, self.replicas, self.loss_funcs, self.ports)):
             link = _ThreadLink(index, deliver, self.failures)
             thread = threading.Thread(
-                target=self._serve, name='cgdp-replica-{}'.format(index),
+                target=self._serve,
+                name=worker_launch.WORKER_NAME.format(index),
                 args=(index, device, replica, loss_func, port, link),
                 daemon=True)
             thread.start()
@@ -350,6 +360,9 @@ class ProcessReplicas(object):
         blas_threads (int or None): BLAS threads of each CPU worker.
         start_method (str): ``'spawn'`` or ``'forkserver'`` (CUDA forbids
             ``fork`` once it is initialized).
+        launched (LaunchedWorkers or None): Worker processes started
+            ahead by :func:`launch_workers`, one per device; None: they
+            start in :meth:`start`.
 
     Raises:
         ValueError: The model or ``loss_func`` cannot be pickled, or its
@@ -359,7 +372,7 @@ class ProcessReplicas(object):
     kind = 'process'
 
     def __init__(self, master, devices, loss_func, failures,
-                 blas_threads=None, start_method='spawn'):
+                 blas_threads=None, start_method='spawn', launched=None):
         if start_method not in START_METHODS:
             raise ValueError('start_method must be one of {}; got {!r}'.format(
                 ', '.join(START_METHODS), start_method))
@@ -367,17 +380,25 @@ class ProcessReplicas(object):
         self.failures = failures
         self._model = master
         self.start_method = start_method
+        self._launched = launched
         self.blas_limit = blas.threads_per_replica(
             cpu_replica_count(devices), blas_threads)
         master_params = dict(master.namedparams())
-        self._replica_bytes = replica_copy.pickle_replica(
+        replica_bytes = replica_copy.pickle_replica(
             master, loss_func, master_params)
         # The copy in the parent shares the master's arrays: cheap, and
         # functions copied by reference resolve their globals as here.
         replica_copy.check_no_master_references(
             master, *replica_copy.load_replica(
-                self._replica_bytes,
+                replica_bytes,
                 {name: p.array for name, p in master_params.items()}))
+        # The workers read the replica from shared memory once they are up:
+        # a pipe would block the writer until a worker reads, and forever
+        # if the worker died first.
+        self._replica_arena = shared.SharedArena.create(
+            [('pickle', (len(replica_bytes),), numpy.uint8)])
+        self._replica_arena.arrays['pickle'][:] = numpy.frombuffer(
+            replica_bytes, dtype=numpy.uint8)
         layout = buffers.FlatLayout.of_arrays(
             {name: p.array for name, p in master_params.items()})
         flat = [('flat', (layout.capacity,), numpy.uint8)]
@@ -407,6 +428,7 @@ class ProcessReplicas(object):
         self._deliver = None
         self._pongs = {}
         self._closed = False
+        self._all_ready = False
         self.startup_seconds = None
         # What the workers said when they started, for the timeline.
         self.notes = []
@@ -426,38 +448,28 @@ class ProcessReplicas(object):
         """
         started = time.perf_counter()
         self._deliver = deliver
-        context = multiprocessing.get_context(self.start_method)
-        for index, device in enumerate(self.devices):
-            parent_end, child_end = context.Pipe(duplex=True)
-            init = _WorkerInit(
-                index=index, device_spec=devices_module.spec_of(device),
-                replica_bytes=self._replica_bytes,
-                master_layout=self._master_arena.layout,
-                slot_layout=self._slot_arenas[index].layout,
-                flat_layout=self.master.layout,
-                blas_threads=self.blas_limit, parent_pid=os.getpid())
-            process = context.Process(
-                target=process_main, args=(init, child_end),
-                name='cgdp-replica-{}'.format(index), daemon=True)
-            try:
-                process.start()
-            except RuntimeError as error:
-                raise RuntimeError(
-                    'could not start the CGDP worker processes: {}. With '
-                    "workers='process' the script that builds the updater "
-                    "must guard its training code with if __name__ == "
-                    "'__main__':".format(error)) from error
-            child_end.close()
-            self._conns[index] = parent_end
-            self._processes.append(process)
+        launched, self._launched = self._launched, None
+        if launched is None:
+            launched = launch_workers(self.start_method, len(self.devices))
+        self._processes, self._conns = launched.hand_over()
         # A script that ends without finalize() (after catching an error,
         # say) must not hang in multiprocessing's exit handler, which joins
         # the workers, and must not leave its segments behind: this runs
         # before that handler (exit handlers run last registered first).
         atexit.register(self.close)
-        self.notes = [note for note in (
-            self._await_ready(index, started)
-            for index in range(len(self.devices))) if note]
+        for index, device in enumerate(self.devices):
+            # Small (layouts), so the send does not wait for the worker.
+            self._send(index, _WorkerInit(
+                index=index, device_spec=devices_module.spec_of(device),
+                replica_layout=self._replica_arena.layout,
+                master_layout=self._master_arena.layout,
+                slot_layout=self._slot_arenas[index].layout,
+                flat_layout=self.master.layout,
+                blas_threads=self.blas_limit, parent_pid=os.getpid()))
+        self.notes = [note for note in self._await_ready(started) if note]
+        # Every worker has its replica: the pickle's memory can go.
+        self._replica_arena.close()
+        self._all_ready = True
         if self.notes:
             warnings.warn('\n'.join(self.notes), RuntimeWarning)
         self.startup_seconds = time.perf_counter() - started
@@ -465,43 +477,66 @@ class ProcessReplicas(object):
             target=self._watch, name='cgdp-worker-monitor', daemon=True)
         self._monitor.start()
 
-    def _await_ready(self, index, started):
-        """Waits for worker ``index``'s 'ready'; returns its warning (a
-        sentence) or None."""
-        conn, process = self._conns[index], self._processes[index]
+    def _await_ready(self, started):
+        """Waits for every worker's 'ready', watching all of them at once:
+        the first that fails or dies raises at once, whichever it is.
+
+        Returns:
+            list: Each worker's warning (a sentence), or None.
+        """
+        notes = {}
+        waiting = {conn: index for index, conn in enumerate(self._conns)}
+        waiting.update((process.sentinel, index)
+                       for index, process in enumerate(self._processes))
         deadline = started + STARTUP_TIMEOUT_SECONDS
-        while True:
+        while len(notes) < len(self._conns):
             left = deadline - time.perf_counter()
             if left <= 0:
+                late = [index for index in range(len(self._conns))
+                        if index not in notes]
                 raise RuntimeError(
                     'CGDP worker process for replica {} ({}) did not start '
-                    'within {:.0f} s'.format(index, self.devices[index],
+                    'within {:.0f} s'.format(late[0], self.devices[late[0]],
                                              STARTUP_TIMEOUT_SECONDS))
             ready = multiprocessing.connection.wait(
-                [conn, process.sentinel], timeout=min(left, 1.0))
-            if conn in ready:
-                try:
-                    message = conn.recv()
-                except EOFError:
-                    message = None
-                if message is not None and message[0] == 'ready':
-                    return message[2]
-                if message is not None and message[0] == 'error':
-                    raise ReplicaError(
-                        'CGDP worker process for replica {} ({}) failed '
-                        'while starting:\n{}'.format(
-                            index, self.devices[index], message[2]))
-            if process.sentinel in ready or not process.is_alive():
-                process.join(timeout=1.0)
-                raise RuntimeError(
-                    'CGDP worker process for replica {} ({}) {} while '
-                    'starting (its error, if any, is above). A script that '
-                    "uses workers='process' must guard its training code "
-                    "with if __name__ == '__main__': (the workers import "
-                    "the script's module), and the model's classes must be "
-                    "importable from it.".format(
-                        index, self.devices[index],
-                        describe_exit(process.exitcode)))
+                list(waiting), timeout=min(left, 1.0))
+            # A worker's error message before its exit, which says less.
+            ready.sort(key=lambda handle: handle not in self._conns)
+            for handle in ready:
+                index = waiting.pop(handle)
+                if handle is self._conns[index]:
+                    notes[index] = self._take_ready(index)
+                elif index not in notes:
+                    self._raise_died_while_starting(index)
+        return [notes[index] for index in range(len(self._conns))]
+
+    def _take_ready(self, index):
+        """Worker ``index``'s first message: its warning or None if it is
+        'ready'; raises if it is an error or the pipe closed."""
+        try:
+            message = self._conns[index].recv()
+        except EOFError:
+            self._raise_died_while_starting(index)
+        if message[0] == 'error':
+            raise ReplicaError(
+                'CGDP worker process for replica {} ({}) failed while '
+                'starting:\n{}\n{}'.format(
+                    index, self.devices[index], message[2].rstrip(),
+                    _STARTUP_FAILURE_FIX))
+        return message[2]
+
+    def _raise_died_while_starting(self, index):
+        process = self._processes[index]
+        process.join(timeout=1.0)
+        raise RuntimeError(
+            'CGDP worker process for replica {} ({}, pid {}) {} while '
+            'starting (its error, if any, is above): it was importing '
+            'Chainer or loading its replica. If the system killed it for '
+            "memory, train with fewer replicas or with workers='thread'; "
+            'otherwise {}'.format(
+                index, self.devices[index], process.pid,
+                describe_exit(process.exitcode),
+                _STARTUP_FAILURE_FIX[0].lower() + _STARTUP_FAILURE_FIX[1:]))
 
     # -- the iteration ----------------------------------------------------
 
@@ -675,12 +710,16 @@ class ProcessReplicas(object):
         if self._closed:
             return
         self._closed = True
+        if self._launched is not None:  # never started
+            self._launched.close()
         atexit.unregister(self.close)
         self._stopping.set()
         self._broadcast(('stop',))
-        # After a failure or Ctrl-C, workers hold nothing worth waiting for.
+        # After a failure or Ctrl-C, workers hold nothing worth waiting for;
+        # one still starting does not read 'stop' until it is up.
         deadline = time.monotonic() + (
-            1.0 if self.failures.failed else STOP_TIMEOUT_SECONDS)
+            STOP_TIMEOUT_SECONDS if self._all_ready and
+            not self.failures.failed else 1.0)
         for process in self._processes:
             process.join(timeout=max(0.1, deadline - time.monotonic()))
         for process in self._processes:
@@ -696,10 +735,26 @@ class ProcessReplicas(object):
         release_master(self.master, self._model)
         for port in self.ports:
             port.close()
-        for arena in [self._master_arena] + self._slot_arenas:
+        for arena in [self._master_arena, self._replica_arena] + \
+                self._slot_arenas:
             arena.close()
         for batch in self._batches:
             batch.close()
+
+
+def launch_workers(start_method, count):
+    """Starts ``count`` worker processes ahead of their replicas: each
+    boots while the caller goes on, and serves the replica that
+    :class:`ProcessReplicas` later hands it.
+
+    Args:
+        start_method (str): ``'spawn'`` or ``'forkserver'``.
+        count (int): How many.
+
+    Returns:
+        LaunchedWorkers: For :class:`ProcessReplicas` (``launched=``).
+    """
+    return worker_launch.LaunchedWorkers(start_method, count, process_main)
 
 
 def release_master(flat_master, model):
@@ -737,11 +792,12 @@ class _WorkerInit(object):
 
 # ---------------------------------------------------------------- the worker
 
-def process_main(init, conn):
-    """Entry point of a worker process: serves iterations until stopped.
+def process_main(conn):
+    """Entry point of a worker process: waits for what it serves (a
+    :class:`_WorkerInit`: where its replica, its device and the shared
+    layouts are), then serves iterations until stopped.
 
     Args:
-        init (_WorkerInit): The replica, its device and the shared layouts.
         conn (multiprocessing.connection.Connection): Its pipe to the host.
     """
     # Ctrl-C in a terminal (or a SIGTERM to the job's process group)
@@ -750,6 +806,10 @@ def process_main(init, conn):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _exit_with_parent()
+    try:
+        init = conn.recv()
+    except (EOFError, OSError):
+        return  # the first iteration failed before it had a replica
     sender = _LockedSender(conn)
     try:
         server = _WorkerServer(init, sender)
@@ -807,8 +867,11 @@ class _WorkerServer(object):
         self.slot_arena = shared.SharedArena.attach(init.slot_layout)
         master_buffer = self.master_arena.arrays['flat']
         slot_buffer = self.slot_arena.arrays['flat']
+        replica_arena = shared.SharedArena.attach(init.replica_layout)
+        replica_bytes = replica_arena.arrays['pickle'].tobytes()
+        replica_arena.close()
         replica, loss_func = replica_copy.load_replica(
-            init.replica_bytes, init.flat_layout.views(master_buffer))
+            replica_bytes, init.flat_layout.views(master_buffer))
         self.scope = worker_module.device_scope(self.device)
         self.scope.__enter__()
         replica_params = dict(replica.namedparams())

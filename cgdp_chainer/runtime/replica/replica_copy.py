@@ -45,10 +45,18 @@ class _ReplicaPickler(cloudpickle.Pickler):
     """Pickles the master as a replica, leaving out what the worker gets
     from shared memory or the master (parameter arrays) or must not have
     (gradients, the optimizer's update rules and their state, a static
-    schedule of the master's)."""
+    schedule of the master's, what its forwards left on its links).
 
-    def __init__(self, file, master_params):
+    Args:
+        file: Where the pickle goes.
+        master_params (dict): Parameter path -> the master's parameter.
+        leftovers (set): ``id`` of each object that travels as None
+            (see :func:`forward_leftovers`).
+    """
+
+    def __init__(self, file, master_params, leftovers=frozenset()):
         super(_ReplicaPickler, self).__init__(file, pickle.HIGHEST_PROTOCOL)
+        self._leftovers = leftovers
         self._arrays = {id(p.array): name for name, p in master_params.items()
                         if p.array is not None}
         # A lazy parameter (array None) has no gradient to leave out yet.
@@ -94,8 +102,8 @@ class _ReplicaPickler(cloudpickle.Pickler):
                 return ('param', name)
             if id(obj) in self._grads:
                 return ('none',)
-        elif isinstance(obj, (chainer.UpdateRule,
-                              static_graph_models.SCHEDULE_TYPES)):
+        elif id(obj) in self._leftovers or isinstance(
+                obj, (chainer.UpdateRule, static_graph_models.SCHEDULE_TYPES)):
             # A replica runs define-by-run: a static schedule that the
             # master's own calls built stays the master's.
             return ('none',)
@@ -183,8 +191,11 @@ def pickle_replica(master, loss_func, master_params):
     """
     _pickle_or_explain(loss_func, 'loss_func')
     buffer = io.BytesIO()
+    leftovers = {id(value) for value in forward_leftovers(
+        _links_of(master, loss_func))}
     try:
-        _ReplicaPickler(buffer, master_params).dump((master, loss_func))
+        _ReplicaPickler(buffer, master_params, leftovers).dump(
+            (master, loss_func))
     except Exception as error:
         found = path_to_unpicklable(
             [('the model', master), ('loss_func', loss_func)], master_params)
@@ -197,6 +208,44 @@ def pickle_replica(master, loss_func, master_params):
                 '' if found is None else '; at {}, a {}'.format(
                     found[0], type(found[1]).__name__))) from error
     return buffer.getvalue()
+
+
+def _links_of(master, loss_func):
+    """The master's links, and those of the link that ``loss_func`` is
+    (or is a bound method of)."""
+    links = list(master.links())
+    loss_link = getattr(loss_func, '__self__', loss_func)
+    if isinstance(loss_link, chainer.Link):
+        links.extend(loss_link.links())
+    return links
+
+
+def forward_leftovers(links):
+    """What the links' forwards left on them: each attribute's value that
+    is a ``chainer.Variable`` computed by a function, with its graph
+    (``Classifier``'s ``y``, ``loss`` and ``accuracy``, an LSTM's state).
+
+    A link's own values are parameters, persistents and constants (arrays,
+    or Variables made from them, which have no creator); a Variable that a
+    function made is the output of a forward, for the batch of that
+    forward. A replica starts without them (None), as a link just built
+    does, and its own forward sets them again. Left in, the master's first
+    forward on the whole batch, which initializes lazy layers, would give
+    every worker a copy of its outputs (megabytes for a large layer).
+
+    Args:
+        links (list of chainer.Link): The links to look at.
+
+    Returns:
+        list: The values, each once.
+    """
+    found = {}
+    for link in links:
+        for value in vars(link).values():
+            if isinstance(value, chainer.Variable) and \
+                    value.creator_node is not None:
+                found[id(value)] = value
+    return list(found.values())
 
 
 def _pickles(obj, master_params):
@@ -332,10 +381,9 @@ def _deep_copy(master, loss_func, master_params):
                 memo[id(param.grad)] = None
         if param.update_rule is not None:
             memo[id(param.update_rule)] = None
-    links = list(master.links())
-    loss_link = getattr(loss_func, '__self__', loss_func)
-    if isinstance(loss_link, chainer.Link):
-        links.extend(loss_link.links())
+    links = _links_of(master, loss_func)
+    for value in forward_leftovers(links):
+        memo[id(value)] = None
     for link in links:
         for value in vars(link).values():
             if isinstance(value, static_graph_models.SCHEDULE_TYPES):
