@@ -173,19 +173,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             call_forms.check_batch_size(self.get_iterator('main'), len(self._devices))
         optimizer = self.get_optimizer('main')
         master = optimizer.target
-        master.to_device('@numpy')
-        self._names = [name for name, _ in master.namedparams()]
-        if not self._names:
-            raise ValueError('{} has no parameters: there is nothing to '
-                             'train'.format(type(master).__name__))
-        self._n_layers = readiness.count_layers(master)
-        self._chunking = chunk_choice.ChunkChoice(chunk_size, chunk_bytes,
-                                                  self._n_layers)
-        self._plan = None        # the ChunkPlan once formed
-        self._plan_sent = False  # whether the replicas hold self._plan
-        self._layout_unsent = None  # a flat layout the replicas must adopt
-        self._chunk_names = worker_module.runtime_chunk_names(
-            worker_module.whole_model_plan(self._names))
+        self._take_master(master, chunk_size, chunk_bytes)
 
         # A ChainerMN multi-node optimizer trains across its communicator:
         # CGDP runs the optimizer it wraps (see cgdp_chainer.mpi).
@@ -226,6 +214,23 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self._device_view = device_view.DeviceView(
                 master, self._devices[0], lambda: self.iteration)
             self._device_view.install()
+
+    def _take_master(self, master, chunk_size, chunk_bytes):
+        """Moves the master to the host and sets up its chunking; a model
+        without parameters is refused."""
+        master.to_device('@numpy')
+        self._names = [name for name, _ in master.namedparams()]
+        if not self._names:
+            raise ValueError('{} has no parameters: there is nothing to '
+                             'train'.format(type(master).__name__))
+        self._n_layers = readiness.count_layers(master)
+        self._chunking = chunk_choice.ChunkChoice(chunk_size, chunk_bytes,
+                                                  self._n_layers)
+        self._plan = None        # the ChunkPlan once formed
+        self._plan_sent = False  # whether the replicas hold self._plan
+        self._layout_unsent = None  # a flat layout the replicas must adopt
+        self._chunk_names = worker_module.runtime_chunk_names(
+            worker_module.whole_model_plan(self._names))
 
     def connect_trainer(self, trainer):
         """Follows ``trainer``'s extensions: replica 0's BatchNormalization
@@ -652,21 +657,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             master.to_device('@numpy')
             readiness.refuse_uninitialized(master)
         if self._mpi_comm is not None:
-            from cgdp_chainer import mpi
-            mpi.check_consistency(self._mpi_comm, master, optimizer)
-            # Every rank starts from rank 0's weights, before replicas are
-            # copied from the master.
-            mpi.broadcast_parameters(self._mpi_comm, master)
-            self._allreducer = mpi.ChunkAllreducer(self._mpi_comm)
-            # A rank that stops calling update() before its peers fails
-            # their waiting update() with the counts; this call counts.
-            self._update_counts = mpi.UpdateCountWatch(
-                self._mpi_comm, lambda error: self._failures.fail(
-                    error, 'update count watch'),
-                patience=self._update_patience)
-            self._update_counts.begin_update()
-            # Every rank derives its replicas' streams from rank 0's seed.
-            self._streams.agree(self._allreducer)
+            self._join_ranks(master, optimizer)
         if self._static_graph_methods:
             self._say(static_graph_models.describe(
                 self._static_graph_methods))
@@ -714,6 +705,26 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self._stop_replicas()
             raise
         return first_reports
+
+    def _join_ranks(self, master, optimizer):
+        """Checks that the ranks train the same, starts every rank from
+        rank 0's weights and sets up the all-reduce and the watch over
+        the ranks' ``update()`` counts."""
+        from cgdp_chainer import mpi
+        mpi.check_consistency(self._mpi_comm, master, optimizer)
+        # Every rank starts from rank 0's weights, before replicas are
+        # copied from the master.
+        mpi.broadcast_parameters(self._mpi_comm, master)
+        self._allreducer = mpi.ChunkAllreducer(self._mpi_comm)
+        # A rank that stops calling update() before its peers fails
+        # their waiting update() with the counts; this call counts.
+        self._update_counts = mpi.UpdateCountWatch(
+            self._mpi_comm, lambda error: self._failures.fail(
+                error, 'update count watch'),
+            patience=self._update_patience)
+        self._update_counts.begin_update()
+        # Every rank derives its replicas' streams from rank 0's seed.
+        self._streams.agree(self._allreducer)
 
     def _forward_on_master(self, in_arrays):
         """StandardUpdater's first forward on the master: initializes lazy
