@@ -22,6 +22,7 @@ refused before its update (each earlier one matched, so trained as
 from cgdp_chainer import randomness
 from cgdp_chainer.runtime.host import accumulator
 from cgdp_chainer.runtime.replica import observations
+from cgdp_chainer.runtime.transport import input_staging
 from cgdp_chainer.runtime.transport import shared
 
 # The reductions as integers, for agreeing across MPI ranks (0: not found).
@@ -164,7 +165,9 @@ class ReductionFinder(object):
         """The shares to compare: the devices', or two halves of the batch
         on one device (None: one example on one device)."""
         if self._n_devices >= 2:
-            return batch.inputs, batch.counts
+            # A GPU replica's share read ahead is staged for its device.
+            return ([input_staging.host_side(part) for part in batch.inputs],
+                    batch.counts)
         return batch.split(2)
 
     def _probe(self, batch, parts, counts):

@@ -72,7 +72,7 @@ class InputStaging(object):
         """
         structure, arrays = shared.flatten_inputs(in_arrays)
         if not arrays:
-            return StagedInputs(self, None, in_arrays)
+            return StagedInputs(self, None, in_arrays, in_arrays)
         layout = buffers.FlatLayout(
             [(str(i), array.shape, array.dtype)
              for i, array in enumerate(arrays)])
@@ -95,7 +95,8 @@ class InputStaging(object):
             host.copied = copies.record(self.stream)
         device_views = layout.views(device)
         return StagedInputs(self, host.copied, shared.unflatten_inputs(
-            structure, [device_views[str(i)] for i in range(len(arrays))]))
+            structure, [device_views[str(i)] for i in range(len(arrays))]),
+            in_arrays)
 
     def _make_room(self, host, n_bytes):
         """Makes ``host`` free to pack ``n_bytes`` into: its last copy done
@@ -121,11 +122,18 @@ class StagedInputs(object):
         staging (InputStaging): Where it was staged.
         copied: The copy's event (None: the share holds no array).
         in_arrays: The share, its arrays on the device.
+        host_inputs: The share as converted, in host memory.
+
+    Attributes:
+        host_inputs: The share as converted, in host memory: what work on
+            the host reads (the comparisons that confirm a reduction found,
+            see :func:`host_side`).
     """
 
-    def __init__(self, staging, copied, in_arrays):
+    def __init__(self, staging, copied, in_arrays, host_inputs):
         self._staging = staging
         self._copied = copied
+        self.host_inputs = host_inputs
         # Held until the iteration is released: the pool must not hand the
         # device memory to the next share while this one may be read.
         self._in_arrays = in_arrays
@@ -147,3 +155,9 @@ class StagedInputs(object):
         wait for the work issued so far on the current stream."""
         copies = self._staging.copies
         self._staging.released(copies.record(copies.current_stream()))
+
+
+def host_side(share):
+    """A converted share in host memory, staged (:class:`StagedInputs`) or
+    not."""
+    return share.host_inputs if isinstance(share, StagedInputs) else share
