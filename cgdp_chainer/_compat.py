@@ -80,7 +80,14 @@ def _install_pkg_resources_stand_in():
     module.DistributionNotFound = DistributionNotFound
     module.VersionConflict = VersionConflict
     module.get_distribution = get_distribution
+    def fixup_namespace_packages(path_item, parent=None):
+        # Asked by whoever finds pkg_resources loaded and adds to sys.path
+        # (pytest's monkeypatch.syspath_prepend): this stand-in declares
+        # no namespace packages, so there is nothing to fix up.
+        pass
+
     module.require = require
+    module.fixup_namespace_packages = fixup_namespace_packages
     sys.modules['pkg_resources'] = module
 
 

@@ -48,6 +48,10 @@ def test_chainer_imports_without_pkg_resources_and_numpy_distutils():
             pass
         else:
             raise AssertionError('missing package not reported')
+        # What pytest's monkeypatch.syspath_prepend calls where it finds
+        # pkg_resources loaded.
+        from pkg_resources import fixup_namespace_packages
+        fixup_namespace_packages('.')
         y = F.as_strided(numpy.arange(6, dtype='f'), (2, 2), (1, 1))
         print(y.shape)
     ''')
