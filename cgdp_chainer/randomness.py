@@ -123,7 +123,9 @@ class ReplicaSeed(collections.namedtuple(
         return self.sequence(stream).generate_state(4)
 
 
-def _same_state(a, b):
+def same_numpy_state(a, b):
+    """Whether two ``numpy.random.get_state()`` tuples are equal (a draw of
+    any kind moves the Mersenne Twister's position or its key)."""
     return a[0] == b[0] and numpy.array_equal(a[1], b[1]) and \
         tuple(a[2:]) == tuple(b[2:])
 
@@ -153,7 +155,7 @@ class SharedGlobalState(object):
         return self
 
     def __exit__(self, *exc):
-        self.drawn = not _same_state(numpy.random.get_state(legacy=True),
+        self.drawn = not same_numpy_state(numpy.random.get_state(legacy=True),
                                      self._installed)
         numpy.random.set_state(self._saved)
         return False

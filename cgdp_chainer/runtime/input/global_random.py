@@ -13,11 +13,7 @@ import random
 import chainer
 import numpy
 
-
-def _same_numpy_state(a, b):
-    """Whether two ``numpy.random.get_state()`` tuples are equal."""
-    return (a[0] == b[0] and a[2:] == b[2:] and
-            numpy.array_equal(a[1], b[1]))
+from cgdp_chainer import randomness
 
 
 class RandomStates(object):
@@ -39,8 +35,8 @@ class RandomStates(object):
 
     def are_current(self):
         """Whether the global states are these (nothing drew since)."""
-        return (_same_numpy_state(numpy.random.get_state(),
-                                  self.numpy_state) and
+        return (randomness.same_numpy_state(numpy.random.get_state(),
+                                            self.numpy_state) and
                 random.getstate() == self.python_state)
 
     def install(self):
