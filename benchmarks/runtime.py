@@ -83,7 +83,7 @@ from cgdp_chainer import datasets
 from cgdp_chainer.runtime.replica import readiness
 from cgdp_chainer.runtime.transport import shared
 from cgdp_chainer.runtime.transport import transfer as transfer_module
-from cgdp_chainer.runtime.replica import worker as worker_module
+from cgdp_chainer.runtime.workers import worker as worker_module
 
 PARTS = ('pairs', 'four', 'one', 'forms', 'startup', 'host', 'short',
          'hostwork', 'ranks', 'shortranks')

@@ -245,3 +245,8 @@ def describe(device):
         return '{} (@cupy:{})'.format(name, device.device.id)
     except Exception:
         return '@cupy:{}'.format(device.device.id)
+
+
+def cpu_replica_count(devices):
+    """How many of the devices are CPU replicas (they share the cores)."""
+    return sum(1 for d in devices if not is_gpu(d))

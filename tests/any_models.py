@@ -186,7 +186,7 @@ class ReplicaDependent(chainer.Chain):
             self.l2 = _linear(rng, 8, 5)
 
     def forward(self, x):
-        from cgdp_chainer.runtime.replica import worker
+        from cgdp_chainer.runtime.workers import worker
         h = F.relu(self.l1(x))
         if worker.replica_index() != 1:
             h = F.relu(self.extra(h))

@@ -122,7 +122,7 @@ class RaiseAt(chainer.Link):
         self.calls = 0
 
     def forward(self, x):
-        from cgdp_chainer.runtime.replica import worker
+        from cgdp_chainer.runtime.workers import worker
         if worker.replica_index() != self.replica:
             return x
         self.calls += 1

@@ -15,7 +15,7 @@ import pytest
 import cgdp_chainer
 from cgdp_chainer import devices
 from cgdp_chainer import mpi as cgdp_mpi
-from cgdp_chainer.runtime.replica import channels
+from cgdp_chainer.runtime.workers import channels
 from cgdp_chainer.runtime.transport import transfer
 from experiments import modes
 from experiments import plot

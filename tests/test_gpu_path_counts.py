@@ -37,7 +37,7 @@ import staged_models
 from cgdp_chainer.runtime.replica import observations
 from cgdp_chainer.runtime.replica import random_streams
 from cgdp_chainer.runtime.replica import readiness
-from cgdp_chainer.runtime.replica import worker as worker_module
+from cgdp_chainer.runtime.workers import worker as worker_module
 from cgdp_chainer.runtime.transport import buffers
 from cgdp_chainer.runtime.transport import cuda_transfer
 from cgdp_chainer.runtime.transport import input_staging

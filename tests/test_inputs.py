@@ -13,7 +13,7 @@ import pytest
 
 import cgdp_chainer
 from cgdp_chainer.runtime.transport import shared
-from cgdp_chainer.runtime.replica import worker as worker_module
+from cgdp_chainer.runtime.workers import worker as worker_module
 
 import equivalence
 from equivalence import WORKERS, assert_same_params

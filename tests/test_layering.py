@@ -122,8 +122,8 @@ def test_the_runtime_imports_nothing_above_it(upper):
 # The runtime's folders by role, each importing only the ones below it
 # (see cgdp_chainer/runtime/__init__.py); the front doors, at the top of
 # runtime/, may import them all.
-RUNTIME_LAYERS = [('input', 'chunks'), ('replica',), ('host',),
-                  ('transport',)]
+RUNTIME_LAYERS = [('input', 'chunks'), ('workers',), ('replica',),
+                  ('host',), ('transport',)]
 
 
 def runtime_folder(module):

@@ -18,7 +18,7 @@ import pytest
 import cgdp_chainer
 from cgdp_chainer import mpi as cgdp_mpi
 from cgdp_chainer import randomness
-from cgdp_chainer.runtime.replica import worker as worker_module
+from cgdp_chainer.runtime.workers import worker as worker_module
 
 BATCH = 4
 N_EXAMPLES = 12

@@ -12,7 +12,7 @@ import numpy
 import pytest
 import six
 
-from cgdp_chainer.runtime.replica import replica_copy
+from cgdp_chainer.runtime.workers import replica_copy
 
 import staged_models
 from equivalence import assert_same_params, cgdp, standard, train

@@ -19,7 +19,7 @@ from chainer.graph_optimizations.static_graph import static_graph
 
 import equivalence
 from equivalence import WORKERS, assert_same_params, cgdp, standard  # NOQA
-from cgdp_chainer.runtime.replica import replica_copy
+from cgdp_chainer.runtime.workers import replica_copy
 from cgdp_chainer.runtime.replica import static_graph_models
 
 N_VOCAB = 12

@@ -7,8 +7,10 @@ role, and a folder imports only the folders listed after it:
 
 - :mod:`.input`: the batch's way in (draw, read ahead, convert per share);
 - :mod:`.chunks`: which layers form a chunk, and the chunk-size search;
-- :mod:`.replica`: where and how a replica runs one iteration (workers and
-  their channels, the readiness backward, replica copies, observations);
+- :mod:`.workers`: where replicas run (threads or processes): starting,
+  feeding, watching and stopping each replica's worker;
+- :mod:`.replica`: what a replica is and does in one iteration (its device
+  view, the readiness backward, observations, random streams);
 - :mod:`.host`: the master weights and what the host does with a chunk
   (reduce, update, publish; one host per node);
 - :mod:`.transport`: shared memory, the flat per-chunk buffers and the

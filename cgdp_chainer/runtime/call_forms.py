@@ -11,7 +11,7 @@ from chainer.dataset import iterator as iterator_module
 from cgdp_chainer import blas
 from cgdp_chainer import timeline as timeline_module
 from cgdp_chainer.runtime.host import accumulator
-from cgdp_chainer.runtime.replica import channels
+from cgdp_chainer.runtime.workers import channels
 
 REDUCTIONS = ('mean', 'sum')
 

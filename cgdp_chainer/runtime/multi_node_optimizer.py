@@ -45,7 +45,7 @@ from cgdp_chainer.runtime.host import master as master_module
 from cgdp_chainer.runtime.host import node_host
 from cgdp_chainer.runtime.replica import readiness
 from cgdp_chainer.runtime.transport import transfer as transfer_module
-from cgdp_chainer.runtime.replica import worker as worker_module
+from cgdp_chainer.runtime.workers import worker as worker_module
 
 # The chunk_size values that the optimizer form takes besides layer counts
 # and boundaries: none (the 'auto' search and the cost model's choice time

@@ -12,7 +12,7 @@ from cgdp_chainer.runtime.host import accumulator as accumulator_module
 from cgdp_chainer.runtime.transport import buffers
 from cgdp_chainer import blas
 from cgdp_chainer import devices as devices_module
-from cgdp_chainer.runtime.replica import channels
+from cgdp_chainer.runtime.workers import channels
 from cgdp_chainer.runtime.chunks import chunk_choice
 from cgdp_chainer.runtime.chunks import chunking
 from cgdp_chainer.runtime.replica import device_view
@@ -24,7 +24,7 @@ from cgdp_chainer.runtime.replica import random_streams
 from cgdp_chainer.runtime.replica import readiness
 from cgdp_chainer.runtime.transport import shared
 from cgdp_chainer.runtime.replica import static_graph_models
-from cgdp_chainer.runtime.replica import worker as worker_module
+from cgdp_chainer.runtime.workers import worker as worker_module
 
 REDUCTIONS = call_forms.REDUCTIONS
 WORKER_KINDS = channels.WORKER_KINDS
@@ -477,7 +477,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                     seconds, self._allreducer))
 
     def _jobs(self, n, forming, send_persistents):
-        """The iteration's :class:`~cgdp_chainer.runtime.replica.worker.Job` of
+        """The iteration's :class:`~cgdp_chainer.runtime.workers.worker.Job` of
         each replica.
 
         Args:

@@ -110,7 +110,7 @@ class PersistentsRecord(object):
     """
 
     def __init__(self, master):
-        # Keys as cgdp_chainer.runtime.replica.worker.save_persistents makes them.
+        # Keys as cgdp_chainer.runtime.workers.worker.save_persistents makes them.
         self._slots = [(path + '/' + name, link, name)
                        for path, link in master.namedlinks()
                        for name in link._persistent]

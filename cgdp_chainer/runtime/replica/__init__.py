@@ -1,11 +1,9 @@
-"""One replica's side: where replicas run (worker processes or threads, and
-the channels to them), one replica's iteration (forward, the readiness
-backward that hands each chunk over as soon as it is final), how the
-model is copied to a replica, how evaluation sees the first device, and
-how the replicas' observations combine into the whole batch's, how the
-loss's reduction is found at the first iteration, and the replicas' random
-streams.
+"""What a replica is and does: its device and its view of the model, one
+iteration's readiness backward that hands each chunk over as soon as it is
+final, how evaluation sees the first device, how the replicas'
+observations combine into the whole batch's, how the loss's reduction is
+found, and the replicas' random streams.
 
-Imports :mod:`..host` (the accumulator a thread replica hands chunks to)
-and :mod:`..transport`.
+Where a replica runs (threads or processes) is :mod:`..workers`' job.
+Imports :mod:`..host` and :mod:`..transport`.
 """

@@ -331,9 +331,8 @@ def build_port(layout, master_buffer, slot_buffer, host_params,
     copies = device_copies(device) if device_copies is not None else None
     staged = False
     if shared_regions and copies is None:
-        from cgdp_chainer.runtime.replica import channels
         why = transfer_module.page_lock(list(shared_regions),
-                                        channels.host_register)
+                                        transfer_module.host_register)
         staged = why is not None
     transfer = cuda_transfer.ChunkedCudaTransfer(
         layout, master_buffer, slot_buffer, device_params, device,

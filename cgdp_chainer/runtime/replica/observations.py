@@ -602,7 +602,7 @@ class ReportKinds(object):
                     'a value per example cannot be combined from the '
                     'replicas. Report a sum or a mean over the examples '
                     '(or report it from one replica only: '
-                    'cgdp_chainer.runtime.replica.worker.replica_index())'.format(
+                    'cgdp_chainer.runtime.workers.worker.replica_index())'.format(
                         key, _numeric(value).shape,
                         [_numeric(part[key]).shape for part in parts]))
             if found.kind in KINDS:
@@ -720,7 +720,7 @@ def combine(key, values, counts, kind):
             '{} is reported as {} by the replicas: values that are not '
             'numbers and differ cannot be combined into the whole batch\'s '
             '(report numbers, or report it from one replica only: '
-            'cgdp_chainer.runtime.replica.worker.replica_index())'.format(
+            'cgdp_chainer.runtime.workers.worker.replica_index())'.format(
                 key, ', '.join(repr(value)[:40] for value in values)))
     if any(array.shape != arrays[0].shape for array in arrays):
         raise ValueError(

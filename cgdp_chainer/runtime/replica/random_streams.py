@@ -13,7 +13,6 @@ import chainer
 
 from cgdp_chainer import devices as devices_module
 from cgdp_chainer import randomness
-from cgdp_chainer.runtime.replica import channels
 
 
 class ReplicaStreams(object):
@@ -71,7 +70,7 @@ class ReplicaStreams(object):
         """Warns, once, that several ``'@numpy'`` replica threads drew from
         the global NumPy state they share (their draws interleave in
         whatever order the threads run)."""
-        n_cpu = channels.cpu_replica_count(self._devices)
+        n_cpu = devices_module.cpu_replica_count(self._devices)
         if self._warned or n_cpu < 2 or \
                 not getattr(shared_random, 'drawn', False):
             return

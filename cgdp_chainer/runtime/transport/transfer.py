@@ -251,3 +251,16 @@ def pinned_bytes(n_bytes):
     that GPU replicas copy from at full bandwidth)."""
     import cupyx
     return cupyx.empty_pinned((n_bytes,), numpy.uint8)
+
+
+def host_register(region):
+    """Page-locks a shared region in place for CUDA's asynchronous copies.
+
+    Raises:
+        PageLockError: CUDA refused (the caller falls back to staging).
+    """
+    import cupy
+    try:
+        cupy.cuda.runtime.hostRegister(region.ctypes.data, region.nbytes, 0)
+    except cupy.cuda.runtime.CUDARuntimeError as error:
+        raise PageLockError(str(error)) from error

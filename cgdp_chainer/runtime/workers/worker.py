@@ -2,7 +2,7 @@
 
 :class:`ReplicaWorker` is the only code that runs a replica. The thread
 runtime calls it from a thread of the user's process, the process runtime
-from a worker process (see :mod:`cgdp_chainer.runtime.replica.channels`); what
+from a worker process (see :mod:`cgdp_chainer.runtime.workers.channels`); what
 differs between the two is given to it when it is built: the replica, its
 transfer (how gradients leave and weights arrive) and its link to the host
 (how a finished chunk is announced, and how it learns that it must stop).

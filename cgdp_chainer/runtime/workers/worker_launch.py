@@ -4,9 +4,9 @@
 running the parent's ``__main__`` again (as ``__mp_main__``), so that the
 child can find the functions and classes that the process object names. A
 worker needs none of that: its entry point is
-:func:`~cgdp_chainer.runtime.replica.channels.process_main`, and the
+:func:`~cgdp_chainer.runtime.workers.channels.process_main`, and the
 replica's classes and functions of ``__main__`` travel by value
-(:mod:`~cgdp_chainer.runtime.replica.replica_copy`). Running the script
+(:mod:`~cgdp_chainer.runtime.workers.replica_copy`). Running the script
 again would run an unguarded script's training code in every worker (which
 then dies while it starts) and import the script's modules (seconds with
 SciPy or librosa) for nothing.

@@ -3,7 +3,7 @@
 Both build the replicas from the master model, give the host accumulator
 one port per replica (``slots``, ``wait_grads``, ``publish``), run an
 iteration's jobs and hand back each replica's
-:class:`~cgdp_chainer.runtime.replica.worker.IterationResult`:
+:class:`~cgdp_chainer.runtime.workers.worker.IterationResult`:
 
 - :class:`ProcessReplicas` (``workers='process'``, the default): one worker
   process per replica, so that Chainer's Python work runs in parallel, as
@@ -16,9 +16,9 @@ iteration's jobs and hand back each replica's
   debugging.
 
 Both make each replica the same way, the master pickled by value with
-cloudpickle (:mod:`~cgdp_chainer.runtime.replica.replica_copy`), so that a function
+cloudpickle (:mod:`~cgdp_chainer.runtime.workers.replica_copy`), so that a function
 that captures the model captures its replica. Either way the code that runs
-a replica is :class:`~cgdp_chainer.runtime.replica.worker.ReplicaWorker`.
+a replica is :class:`~cgdp_chainer.runtime.workers.worker.ReplicaWorker`.
 """
 import atexit
 import collections
@@ -39,12 +39,12 @@ from cgdp_chainer import allocator
 from cgdp_chainer import blas
 from cgdp_chainer import devices as devices_module
 from cgdp_chainer.runtime.transport import buffers
-from cgdp_chainer.runtime.replica import replica_copy
+from cgdp_chainer.runtime.workers import replica_copy
 from cgdp_chainer.runtime.transport import shared
 from cgdp_chainer.runtime.replica import static_graph_models
 from cgdp_chainer.runtime.transport import transfer as transfer_module
-from cgdp_chainer.runtime.replica import worker as worker_module
-from cgdp_chainer.runtime.replica import worker_launch
+from cgdp_chainer.runtime.workers import worker as worker_module
+from cgdp_chainer.runtime.workers import worker_launch
 
 WORKER_KINDS = ('process', 'thread')
 
@@ -76,10 +76,6 @@ class ReplicaError(RuntimeError):
     """An exception raised inside a worker process, with its traceback."""
 
 
-def cpu_replica_count(devices):
-    return sum(1 for d in devices if not devices_module.is_gpu(d))
-
-
 class ThreadReplicas(object):
     """Replicas as threads of the user's process.
 
@@ -107,7 +103,7 @@ class ThreadReplicas(object):
         self._model = master
         self._device_copies = device_copies
         self.blas_limit = blas.threads_per_replica(
-            cpu_replica_count(devices), blas_threads)
+            devices_module.cpu_replica_count(devices), blas_threads)
         master_params = collections.OrderedDict(master.namedparams())
         layout = buffers.FlatLayout.of_arrays(
             {name: p.array for name, p in master_params.items()})
@@ -382,7 +378,7 @@ class ProcessReplicas(object):
         self.start_method = start_method
         self._launched = launched
         self.blas_limit = blas.threads_per_replica(
-            cpu_replica_count(devices), blas_threads)
+            devices_module.cpu_replica_count(devices), blas_threads)
         master_params = dict(master.namedparams())
         replica_bytes = replica_copy.pickle_replica(
             master, loss_func, master_params)
@@ -883,7 +879,7 @@ class _WorkerServer(object):
             replica_params = dict(replica.namedparams())
             why = transfer_module.page_lock(
                 [self.master_arena.as_bytes(), self.slot_arena.as_bytes()],
-                host_register)
+                transfer_module.host_register)
             if why is not None:
                 self.warning = (
                     'CGDP replica {} ({}): the shared memory could not be '
@@ -976,19 +972,6 @@ class _WorkerServer(object):
                 break
         self.abort.set()
         self.jobs.put(None)
-
-
-def host_register(region):
-    """Page-locks a shared region in place for CUDA's asynchronous copies.
-
-    Raises:
-        PageLockError: CUDA refused (the caller falls back to staging).
-    """
-    import cupy
-    try:
-        cupy.cuda.runtime.hostRegister(region.ctypes.data, region.nbytes, 0)
-    except cupy.cuda.runtime.CUDARuntimeError as error:
-        raise transfer_module.PageLockError(str(error)) from error
 
 
 class _PipeLink(object):
