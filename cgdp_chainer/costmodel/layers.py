@@ -320,9 +320,9 @@ RECORD_VERSION = 3
 
 
 def _models_source_hash():
-    """Hash of the ``models`` package and of this package's counting code:
-    the cache key's version part."""
-    import models
+    """Hash of the ``cgdp_chainer.models`` package and of this package's
+    counting code: the cache key's version part."""
+    from cgdp_chainer import models
     digest = hashlib.sha1()
     roots = [os.path.dirname(os.path.abspath(models.__file__))]
     files = [os.path.abspath(__file__), functions_module.__file__]
@@ -338,7 +338,7 @@ def _models_source_hash():
 
 
 def _records_of(net, image_size, n_classes):
-    import models
+    from cgdp_chainer import models
     if isinstance(net, str):
         net = models.get_model(net, n_classes=n_classes, seed=0)
     target = net if isinstance(net, chainer.links.Classifier) else \

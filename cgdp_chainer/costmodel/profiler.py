@@ -857,7 +857,7 @@ def profile_model(model, device, batch, image_size, reps=DEFAULT_REPS,
         raise ValueError('batch and image_size must be >= 1, got {} and '
                          '{}'.format(batch, image_size))
     if not isinstance(model, chainer.links.Classifier):
-        import models
+        from cgdp_chainer import models
         model = models.Classifier(model)
     model.to_device(device)
     if n_classes is None:

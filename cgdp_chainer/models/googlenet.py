@@ -16,7 +16,7 @@ part of those blocks. In training mode (``chainer.config.train``) the
 ``(h, aux1, aux2)``, the blocks between pass the auxiliary logits through
 untouched, and the head returns ``(main, aux1, aux2)``. In evaluation mode
 the auxiliary classifiers are skipped and the carry and the output stay
-single variables. ``models.Classifier`` weighs the auxiliary losses.
+single variables. ``cgdp_chainer.models.Classifier`` weighs the auxiliary losses.
 
 Global average pooling before the classifier, and adaptive average pooling
 to the 4x4 grid the auxiliary classifiers are built for (the original
@@ -28,7 +28,7 @@ import chainer.functions as F
 import chainer.links as L
 
 from cgdp_chainer import randomness
-from models import common
+from cgdp_chainer.models import common
 
 NAME = 'googlenet'
 

@@ -1,13 +1,13 @@
 """Networks named ``module:callable``: any Chainer model on the commands.
 
-Besides the four networks of :data:`models.NETWORKS`, the experiment
+Besides the four networks of :data:`cgdp_chainer.models.NETWORKS`, the experiment
 commands take ``--net module:callable``: ``module`` is imported, the
 callable found in it (a dotted path, e.g. ``pkg.mod:Factory.build``) is
 called with no arguments, and it must return a :class:`chainer.Link` that
 maps an image batch ``(N, 3, S, S)`` to class scores ``(N, classes)``
 (or a tuple of such outputs, main output first, as GoogLeNet's auxiliary
 heads give in training mode). The commands wrap it in
-:class:`models.Classifier`, as they do the four.
+:class:`cgdp_chainer.models.Classifier`, as they do the four.
 
 :func:`build` makes the model; :func:`probe` checks it once, before any
 work, with a forward of one image on the CPU. Both raise ``ValueError``

@@ -43,7 +43,7 @@ def min_image_size(name):
     """The smallest image side, in pixels, that a network accepts.
 
     Args:
-        name (str): One of ``models.NETWORKS``.
+        name (str): One of ``cgdp_chainer.models.NETWORKS``.
 
     Returns:
         int: The minimum height and width.
@@ -62,7 +62,7 @@ def check_image_size(name, size):
     """Raises ``ValueError`` if a network cannot take images of ``size``.
 
     Args:
-        name (str): One of ``models.NETWORKS``.
+        name (str): One of ``cgdp_chainer.models.NETWORKS``.
         size (int or pair of ints): Image side, or ``(height, width)``.
 
     Returns:
@@ -96,7 +96,7 @@ def check_input(name, x):
     blocks one by one.
 
     Args:
-        name (str): The network's name in ``models.NETWORKS``.
+        name (str): The network's name in ``cgdp_chainer.models.NETWORKS``.
         x (chainer.Variable or array): Batch of shape (N, 3, H, W).
 
     Returns:

@@ -16,7 +16,7 @@ import functools
 import chainer.functions as F
 import chainer.links as L
 
-from models import common
+from cgdp_chainer.models import common
 
 NAME = 'alexnet'
 
