@@ -19,6 +19,7 @@ import cgdp_chainer
 from equivalence import assert_same_params
 import semantics_models
 import staged_models
+from log_capture import said  # NOQA: the fixture
 
 PROCESS = pytest.param('process', marks=pytest.mark.slow)
 N_EXAMPLES = 12
@@ -150,14 +151,14 @@ def test_read_ahead_with_either_worker_kind_is_standard_updaters(workers):
     assert path.batches_read_ahead > 0
 
 
-def test_iterators_that_are_not_read_ahead_say_why(capsys):
+def test_iterators_that_are_not_read_ahead_say_why(said):
     _trace(_cgdp('thread', 2), lambda dataset: _OwnNext(dataset, 4), 2)
-    assert "not read ahead (_OwnNext overrides SerialIterator.__next__); " \
+    assert "not read ahead (_OwnNext overrides SerialIterator.__next__): " \
         "each replica's share is converted in parallel" in \
-        capsys.readouterr().out
+        said()
 
 
-def test_a_dataset_drawing_and_changing_itself_is_not_read_ahead(capsys):
+def test_a_dataset_drawing_and_changing_itself_is_not_read_ahead(said):
     # _Recording appends to its list when read: a reader process's copy
     # would record the reads instead of it.
     make_iterator = _serial(5, shuffle=True)
@@ -170,7 +171,7 @@ def test_a_dataset_drawing_and_changing_itself_is_not_read_ahead(capsys):
     assert path.batches_read_ahead == 0
     assert "get_example draws from NumPy's or Python's global random " \
         "state and its get_example changes the dataset's attributes" in \
-        capsys.readouterr().out
+        said()
 
 
 def _snapshot_run(make_updater, tmp_path, before, after):
@@ -589,7 +590,7 @@ class _Unpicklable(_Augmented):
 
 
 def test_a_dataset_that_draws_and_cannot_be_pickled_is_not_read_ahead(
-        capsys):
+        said):
     def make_iterator():
         return chainer.iterators.SerialIterator(_Unpicklable(), 5,
                                                 shuffle=True)
@@ -599,4 +600,4 @@ def test_a_dataset_that_draws_and_cannot_be_pickled_is_not_read_ahead(
     assert_same_params(expected_params, params)
     assert path.batches_read_ahead == 0
     assert 'the dataset cannot be pickled (TypeError' in \
-        capsys.readouterr().out
+        said()

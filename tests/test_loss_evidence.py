@@ -19,6 +19,7 @@ from cgdp_chainer.runtime.replica import observations
 
 import semantics_models
 from equivalence import assert_same_params
+from log_capture import said  # NOQA: the fixture
 
 
 def _sgd(model):
@@ -163,7 +164,7 @@ def test_a_count_normalized_loss_is_refused_before_a_wrong_update(
 
 
 def test_a_mean_over_the_examples_is_confirmed_and_trains_as_standard(
-        capsys):
+        said):
     # The same data as a mean over the examples: the checks at
     # iterations 2 and 3 show the mean, and no later one runs.
     model = semantics_models.PositivesLoss('mean')
@@ -172,7 +173,7 @@ def test_a_mean_over_the_examples_is_confirmed_and_trains_as_standard(
     updater, error, after = _cgdp(model, data, 2, 4)
     assert error is None and updater.reduction == 'mean'
     assert_same_params(expected[-1], after)
-    lines = [line for line in capsys.readouterr().out.splitlines()
+    lines = [line for line in said().splitlines()
              if line.startswith('CGDP reduction')]
     assert len(lines) == 2, lines
     assert "compared again before the update" in lines[0]

@@ -16,6 +16,7 @@ from cgdp_chainer.runtime.replica import observations
 import semantics_models
 import staged_models
 from equivalence import Concatenated, WORKERS, assert_same_params
+from log_capture import said  # NOQA: the fixture
 
 
 def _iterator(batch=6, offset=0):
@@ -101,24 +102,24 @@ def test_iterator_list_trains_as_one_device_on_the_concatenated_batches(
                         ['main/loss', 'main/correct', 'main/total'])
 
 
-def test_what_was_found_is_said_once(capsys):
+def test_what_was_found_is_said_once(said):
     train(semantics_models.CountingClassifier(sum_loss=True),
           lambda optimizer: cgdp_chainer.CGDPUpdater(
               _iterator(), optimizer, ['@numpy'] * 2, workers='thread'))
-    lines = [line for line in capsys.readouterr().out.splitlines()
+    lines = [line for line in said().splitlines()
              if line.startswith('CGDP reduction')]
     assert len(lines) == 1
     assert "'sum'" in lines[0] and 'their sum is' in lines[0]
 
 
-def test_an_explicit_reduction_skips_the_check(capsys):
+def test_an_explicit_reduction_skips_the_check(said):
     model = semantics_models.ZeroLoss()
     before = {name: p.array.copy() for name, p in model.namedparams()}
     _, _, updater = train(model, lambda optimizer: cgdp_chainer.CGDPUpdater(
         _iterator(), optimizer, ['@numpy'] * 2, workers='thread',
         reduction='sum'))
     assert updater.reduction == 'sum'
-    assert 'CGDP reduction' not in capsys.readouterr().out
+    assert 'CGDP reduction' not in said()
     # Zero gradients: the parameters did not move.
     assert_same_params(before, {name: p.array for name, p in
                                 model.namedparams()})
@@ -153,7 +154,7 @@ def test_a_loss_that_cannot_be_told_is_refused(workers):
 
 
 @pytest.mark.parametrize('sum_loss', [False, True])
-def test_a_loss_drawing_random_numbers_is_found_within_noise(capsys,
+def test_a_loss_drawing_random_numbers_is_found_within_noise(said,
                                                              sum_loss):
     # F.gaussian draws in any mode: no two forwards agree exactly, but the
     # whole batch's loss is far nearer the shares' mean (or sum) than the
@@ -173,7 +174,7 @@ def test_a_loss_drawing_random_numbers_is_found_within_noise(capsys,
     found, updater = run(None)
     expected = 'sum' if sum_loss else 'mean'
     assert updater.reduction == expected
-    lines = [line for line in capsys.readouterr().out.splitlines()
+    lines = [line for line in said().splitlines()
              if line.startswith('CGDP reduction')]
     line = lines[0]
     # A mean is compared again on the two next batches (within their
@@ -334,7 +335,7 @@ def test_a_summed_loss_on_a_gpu_and_a_cpu_replica(workers):
                                           _value(want[key]), rtol=1e-4)
 
 
-def test_forwards_that_fail_in_test_mode_refuse_only_the_default(capsys):
+def test_forwards_that_fail_in_test_mode_refuse_only_the_default(said):
     message = _refused(semantics_models.TrainOnly(), 'raised RuntimeError')
     assert 'this model trains only' in message
     # With the reduction given, the reported values go by type.
@@ -349,4 +350,4 @@ def test_forwards_that_fail_in_test_mode_refuse_only_the_default(capsys):
     assert_same_params(expected, actual)
     assert_same_reports(expected_reports, reports,
                         ['main/loss', 'main/correct', 'main/total'])
-    assert 'by type' in capsys.readouterr().out
+    assert 'by type' in said()

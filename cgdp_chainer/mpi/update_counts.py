@@ -40,6 +40,7 @@ import sys
 import threading
 import time
 
+from cgdp_chainer import log
 from cgdp_chainer.mpi import faults
 from cgdp_chainer.mpi.launch import as_mpi_comm
 
@@ -182,11 +183,11 @@ class UpdateCountWatch(object):
         threads_ok = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
         self.active = self.size > 1 and threads_ok
         if self.size > 1 and not threads_ok and self.rank == 0:
-            print('CGDP: MPI runs without MPI_THREAD_MULTIPLE, so ranks that '
-                  'call update() different numbers of times are not named '
-                  '(they wait for each other forever); start MPI with '
-                  'MPI_THREAD_MULTIPLE (mpi4py\'s default) to have them '
-                  'named', file=sys.stderr, flush=True)
+            log.notice('CGDP: MPI without MPI_THREAD_MULTIPLE (mpi4py\'s '
+                       'default): ranks with uneven update() calls hang',
+                       'ranks that call update() different numbers of times '
+                       'are not named (they wait for each other forever); '
+                       'start MPI with MPI_THREAD_MULTIPLE to have them named')
         if not self.active:
             return
         self._comm = comm.Dup()

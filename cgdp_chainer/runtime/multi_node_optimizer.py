@@ -35,6 +35,7 @@ import chainer
 import numpy
 
 from cgdp_chainer import blas
+from cgdp_chainer import log
 from cgdp_chainer import timeline as timeline_module
 from cgdp_chainer.runtime.host import accumulator as accumulator_module
 from cgdp_chainer.runtime.transport import buffers
@@ -686,8 +687,8 @@ def _shared_node(comm, optimizer, options, allreducer):
     group.free()
     if refusal is not None and group.local_size > 1 and \
             allreducer.rank == 0:
-        print('CGDP multi-node optimizer: every rank keeps a host of its '
-              'own ({})'.format(refusal), flush=True)
+        log.notice('CGDP multi-node optimizer: every rank keeps a host of '
+                   'its own ({})'.format(refusal))
     return None
 
 

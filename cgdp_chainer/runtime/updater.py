@@ -12,6 +12,7 @@ from cgdp_chainer.runtime.host import accumulator as accumulator_module
 from cgdp_chainer.runtime.transport import buffers
 from cgdp_chainer import blas
 from cgdp_chainer import devices as devices_module
+from cgdp_chainer import log
 from cgdp_chainer.runtime.workers import channels
 from cgdp_chainer.runtime.chunks import chunk_choice
 from cgdp_chainer.runtime.chunks import chunking
@@ -659,8 +660,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         if self._mpi_comm is not None:
             self._join_ranks(master, optimizer)
         if self._static_graph_methods:
-            self._say(static_graph_models.describe(
-                self._static_graph_methods))
+            self._say(*static_graph_models.describe(
+                self._static_graph_methods), level=log.NOTICE)
         finder = loss_reduction.ReductionFinder(
             master, self.loss_func, len(self._devices), self._report_kinds,
             self._allreducer, self._streams.base, self._say)
@@ -748,10 +749,10 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             graphs['main/loss'] = loss
         return graphs
 
-    def _say(self, line):
-        """Prints a line of the run's log (once, on rank 0 under MPI)."""
+    def _say(self, summary, details=None, level=log.INFO):
+        """Logs a line (once, on rank 0 under MPI): :func:`log.say`."""
         if self._allreducer is None or self._allreducer.rank == 0:
-            print(line, flush=True)
+            log.say(summary, details, level)
 
     def _report(self, reported, counts, graphs=None):
         """Reports the replicas' observations as the whole batch's.

@@ -11,6 +11,7 @@ ready order, and re-forms it whenever the size changes.
 import collections
 import numbers
 
+from cgdp_chainer import log
 from cgdp_chainer.runtime.chunks import chunk_search
 from cgdp_chainer.runtime.chunks import chunking
 
@@ -167,7 +168,7 @@ class ChunkChoice(object):
             seconds = allreducer.allreduce_scalar(seconds, op='max')
         self.search.record(seconds)
         if self.search.done:
-            print('CGDP chunk-size search: chose {} from (size, seconds) {}'
-                  .format(self.search.best, self.search.history),
-                  flush=True)
+            log.info('CGDP chunk-size search: chose {}'.format(
+                self.search.best), '(size, seconds) {}'.format(
+                    self.search.history))
         return self.search.current_size

@@ -50,6 +50,7 @@ import concurrent.futures
 
 import chainer
 
+from cgdp_chainer import log
 from cgdp_chainer.runtime.input import batches as batches_module
 from cgdp_chainer.runtime.input import global_random
 from cgdp_chainer.runtime.input import prefetch_read_ahead
@@ -192,7 +193,8 @@ class SerialReadAhead(object):
         loader (concurrent.futures.Executor): One thread: reads the
             dataset in order (or has the reader read it), then has the
             shares converted.
-        say (callable): Prints a line of the run's log.
+        say (callable): Logs a line of the run's log, as
+            :func:`cgdp_chainer.log.say`.
     """
 
     def __init__(self, iterator, converter, n_shares, loader, say):
@@ -271,16 +273,18 @@ class SerialReadAhead(object):
         if why is None:
             self.reads_in_process = True
             self._say(
-                "CGDP input: the dataset's get_example draws from NumPy's "
-                "or Python's global random state: the next batch is read "
-                'in a reader process from the states StandardUpdater reads '
-                "it from, and its states after become the caller's when "
-                'the batch is used')
+                'CGDP input: get_example draws from the global random '
+                'states: batches are read in a reader process',
+                'the next batch is read from the states StandardUpdater '
+                "reads it from, and its states after become the caller's "
+                'when the batch is used')
         else:
             self._say(
-                "CGDP input: not read ahead: the dataset's get_example "
-                "draws from NumPy's or Python's global random state and {}; "
-                "each replica's share is converted in parallel".format(why))
+                'CGDP input: not read ahead (get_example draws from the '
+                'global random states)',
+                "the dataset's get_example draws from NumPy's or Python's "
+                "global random state and {}; each replica's share is "
+                'converted in parallel'.format(why), log.NOTICE)
 
     def _would_sample(self):
         """Whether the next ``next()`` calls the order sampler."""
@@ -424,7 +428,8 @@ class InputPath(object):
             host device.
         n_shares (int): Replicas.
         split (bool): Whether the devices split one iterator's batch.
-        say (callable): Prints a line of the run's log.
+        say (callable): Logs a line of the run's log, as
+            :func:`cgdp_chainer.log.say`.
     """
 
     def __init__(self, iterators, convert, n_shares, split, say):
@@ -445,9 +450,10 @@ class InputPath(object):
         else:
             self._source = _DrawEach(iterators, self.converter, n_shares,
                                      split)
-            say('CGDP input: not read ahead ({}); each replica\'s share '
-                'is converted {}'.format(why, 'in parallel' if n_shares > 1
-                                         else 'at its iteration'))
+            say('CGDP input: not read ahead ({})'.format(why),
+                "each replica's share is converted {}".format(
+                    'in parallel' if n_shares > 1 else 'at its iteration'),
+                log.NOTICE)
 
     @property
     def reads_ahead(self):

@@ -19,6 +19,7 @@ compared again before the update of each later iteration, until
 refused before its update (each earlier one matched, so trained as
 ``StandardUpdater``).
 """
+from cgdp_chainer import log
 from cgdp_chainer import randomness
 from cgdp_chainer.runtime.host import accumulator
 from cgdp_chainer.runtime.replica import observations
@@ -51,7 +52,8 @@ class ReductionFinder(object):
             or None.
         random_base (int): The base seed of the replicas' streams (a
             second draw of a loss that samples uses a stream of its own).
-        say (callable): ``say(line)`` prints a line of the run's log.
+        say (callable): ``say(summary, details=None, level=log.INFO)``
+            logs a line of the run's log (:func:`cgdp_chainer.log.say`).
     """
 
     def __init__(self, master, loss_func, n_devices, report_kinds,
@@ -143,9 +145,8 @@ class ReductionFinder(object):
             self._to_confirm -= 1
             if not self.confirming:
                 self._say("CGDP reduction: 'mean' confirmed at iteration "
-                          '{}: {}'.format(
-                              iteration, observations.describe_loss(
-                                  comparison)))
+                          '{}'.format(iteration),
+                          observations.describe_loss(comparison))
 
     @staticmethod
     def _verdict(comparison):
@@ -191,20 +192,21 @@ class ReductionFinder(object):
             # A forward that needs the graph (chainer.grad in it) or train
             # mode: the comparisons tell nothing; training is unaffected.
             if n >= 2:
-                self._say('CGDP reported values, combined over the {} '
-                          'replicas by type (integers add up, anything else '
-                          'is a mean; report_kinds= sets a key): the first '
-                          "iteration's forwards of the model with "
+                self._say('CGDP reported values: combined by type '
+                          '(integers add up, others average; report_kinds= '
+                          'sets a key)',
+                          "the first iteration's forwards of the model with "
                           'chainer.config.train False and no backprop '
-                          'raised {}'.format(n, accumulator.describe_error(error)))
+                          'raised {}'.format(accumulator.describe_error(error)),
+                          log.NOTICE)
             return None, error
         whole, shares = forwards[0], forwards[1:]
         if n >= 2:
             self._report_kinds.learn(whole.observation,
                                      [f.observation for f in shares], counts)
-            self._say('CGDP reported values, combined over the {} replicas '
-                      'as the whole batch reports them: {}'.format(
-                          n, self._report_kinds.describe(whole.observation)))
+            self._say('CGDP reported values: combined over the {} replicas '
+                      'as the whole batch reports them'.format(n),
+                      self._report_kinds.describe(whole.observation))
         if self._given is not None:
             return None, None
         return self._judge(batch, whole.loss, [f.loss for f in shares],
@@ -327,9 +329,10 @@ class ReductionFinder(object):
             high = self._allreducer.allreduce_int(code, op='max')
         if low == high and code:
             self._say('CGDP reduction: {!r}, found {}at the first '
-                      'iteration: {} (reduction= skips this check{})'.format(
-                          found, 'within sampling noise '
-                          if comparison.again is not None else '',
+                      'iteration'.format(found, 'within sampling noise '
+                                         if comparison.again is not None
+                                         else ''),
+                      '{} (reduction= skips this check{})'.format(
                           observations.describe_loss(comparison),
                           '; compared again before the update of each '
                           'later iteration until {} more batches show '

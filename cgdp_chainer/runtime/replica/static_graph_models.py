@@ -94,22 +94,23 @@ def decorated_methods(master, loss_func=None):
 
 
 def describe(methods):
-    """The run log's line on what CGDP does with the decorator.
+    """The run log's line on what CGDP does with the decorator, and its
+    details (see :func:`cgdp_chainer.log.say`).
 
     Args:
         methods (list of str): From :func:`decorated_methods`, not empty.
 
     Returns:
-        str: One line.
+        tuple of str: The line and its details.
     """
     return (
-        'CGDP @static_graph: {} {} decorated; the replicas (and the first '
-        "iteration's forwards of the model) run {} define-by-run "
-        "(chainer.config.use_static_graph False), which computes the same "
-        'values, so that each chunk of layers leaves as soon as its '
+        'CGDP @static_graph: {} run{} define-by-run in the replicas'.format(
+            ', '.join(methods), 's' if len(methods) == 1 else ''),
+        "the replicas (and the first iteration's forwards of the model) run "
+        '{} with chainer.config.use_static_graph False, which computes the '
+        'same values, so that each chunk of layers leaves as soon as its '
         "gradients are final; the model's own calls outside the updater "
         'keep the static schedule'.format(
-            ', '.join(methods), 'is' if len(methods) == 1 else 'are',
             'it' if len(methods) == 1 else 'them'))
 
 
