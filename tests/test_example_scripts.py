@@ -35,8 +35,10 @@ def dataset_root(tmp_path_factory):
 
 
 def _run(script, out, dataset_root, *args):
+    # CGDP's INFO lines (what it found) on stderr: cgdp_chainer.log.
     env = dict(os.environ, CHAINER_DATASET_ROOT=dataset_root,
-               PYTHONPATH=os.pathsep.join([ROOT, TESTS]))
+               PYTHONPATH=os.pathsep.join([ROOT, TESTS]),
+               CGDP_CHAINER_LOG='INFO')
     completed = subprocess.run(
         [sys.executable, os.path.join(SCRIPTS, script), '--out', str(out)]
         + list(args), env=env, capture_output=True, text=True, timeout=600)
@@ -202,7 +204,7 @@ def test_sentiment_example_with_a_summed_loss_switched(tmp_path,
          'standard')
     completed = _run(script, tmp_path / 'cgdp', dataset_root, '--updater',
                      'cgdp', '--devices', '-1', '-1')
-    assert "CGDP reduction: 'sum'" in completed.stdout
+    assert "CGDP reduction: 'sum'" in completed.stderr
     _assert_same_logs(tmp_path, ['main/loss', 'main/accuracy',
                                  'main/total', 'main/correct'])
     _assert_same_npz(str(tmp_path / 'standard' / 'model.npz'),
@@ -248,7 +250,7 @@ def test_static_graph_example_switched(tmp_path, dataset_root, workers,
     # own static schedule) after the 4th and the 8th.
     completed = _run('train_mnist_static_graph.py', tmp_path / 'cgdp',
                      dataset_root, '--updater', 'cgdp', '--workers', workers)
-    said = [line for line in completed.stdout.splitlines()
+    said = [line for line in completed.stderr.splitlines()
             if line.startswith('CGDP @static_graph')]
     assert len(said) == 1 and 'MLP.__call__' in said[0]
     # The master's Evaluator schedule let go of the shared memory.
@@ -281,7 +283,7 @@ def test_vae_example_whose_loss_samples_in_every_mode_switched(
         completed = _run(script, tmp_path / name, dataset_root, '--updater',
                          'cgdp', '--workers', workers, '--seed', '1')
         assert "CGDP reduction: 'mean', found within sampling noise" in \
-            completed.stdout
+            completed.stderr
         runs[name] = _log(tmp_path / name)
     # Repeatable under a seed: each worker process draws from its own
     # seeded stream. (Thread workers share NumPy's global state and warn

@@ -107,3 +107,20 @@ def test_the_rest_is_at_info_in_short_lines(phases):
 
 def test_the_logger_level_silences_the_library(phases):
     assert 'CGDP' not in phases['silenced'][1]
+
+
+def test_the_environment_shows_the_info_lines_of_a_script():
+    env = dict(os.environ, PYTHONPATH=ROOT, CGDP_CHAINER_LOG='info')
+    completed = subprocess.run(
+        [sys.executable, '-c', 'from cgdp_chainer import log; '
+         "log.info('found', 'why'); log.LOGGER.debug('hidden')"],
+        capture_output=True, text=True, timeout=300, env=env)
+    assert completed.returncode == 0, completed.stderr
+    assert (completed.stdout, completed.stderr) == ('', 'found\n')
+
+
+def test_a_level_that_is_none_is_refused():
+    from cgdp_chainer import log
+    with pytest.raises(ValueError, match='CGDP_CHAINER_LOG=.LOUD. is not a '
+                       'logging level: give DEBUG, INFO'):
+        log.configure_from_environment({'CGDP_CHAINER_LOG': 'loud'})
