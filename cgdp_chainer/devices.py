@@ -185,8 +185,10 @@ def _check_gpu(spec):
     if cupy_module() is None:
         raise ValueError(
             'device {!r} needs CuPy with a CUDA GPU, and CuPy is not '
-            'available here; use \'@numpy\' (or -1) or install the gpu '
-            'extra (pip install -e .[gpu])'.format(spec))
+            'available here; use \'@numpy\' (or -1), or install CuPy: '
+            '`make gpu` in a checkout, else pip install '
+            '"cgdp-chainer[gpu]" (CUDA 12; [gpu-cuda13] for CUDA 13)'.format(
+                spec))
     count = gpu_count()
     gpu_id = int(match.group(1))
     if gpu_id >= count:

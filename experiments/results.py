@@ -88,15 +88,23 @@ def new_run_id(now=None):
     return now.strftime('%Y%m%d-%H%M%S')
 
 
+def net_folder(net):
+    """The folder name of a ``--net`` value: ``module:callable`` with a
+    dash for the colon (``models.examples-tiny``), which Windows forbids
+    and shells and ``scp`` read as a host or drive."""
+    return net.replace(':', '-')
+
+
 def run_dir(root, net, run_id):
-    """The folder of one network's run: ``<root>/<net>/<run_id>``.
+    """The folder of one network's run: ``<root>/<net folder>/<run_id>``.
 
     Args:
         root (str): The results root.
-        net (str): The network (or :data:`ALL_NETS`).
+        net (str): The network (or :data:`ALL_NETS`); see
+            :func:`net_folder`.
         run_id (str): The run id.
     """
-    return os.path.join(root, net, run_id)
+    return os.path.join(root, net_folder(net), run_id)
 
 
 def free_run_id(root, nets, now=None):

@@ -21,11 +21,13 @@ class Deep(chainer.Chain):
 
 
 @pytest.mark.parametrize('arguments, words', [
-    ({}, r'{} chunks of >= 1 MiB'),
-    ({'chunk_size': 2}, r'{} chunks of 2 layers'),
-    ({'chunk_size': 1}, r'{} chunks of 1 layer'),
-    ({'chunk_bytes': 1536}, r'{} chunks of >= 1.5 KiB'),
-    ({'chunk_size': [0, 2]}, r'{} chunks starting at layers [0, 2]'),
+    ({}, r'{} of >= 1 MiB'),
+    ({'chunk_size': 2}, r'{} of 2 layers'),
+    ({'chunk_size': 1}, r'{} of 1 layer'),
+    ({'chunk_bytes': 1536}, r'{} of >= 1.5 KiB'),
+    ({'chunk_size': [0, 2]}, r'{} starting at layers [0, 2]'),
+    # All layers in one chunk: singular.
+    ({'chunk_bytes': 1 << 30}, r'{} of >= 1 GiB'),
 ])
 def test_chunking_description_names_the_plan_that_ran(arguments, words):
     model = L.Classifier(Deep())
@@ -43,4 +45,7 @@ def test_chunking_description_names_the_plan_that_ran(arguments, words):
     finally:
         updater.finalize()
     n_chunks = updater.chunk_plan.n_chunks
-    assert updater.chunking_description == words.format(n_chunks)
+    chunks = '1 chunk' if n_chunks == 1 else '{} chunks'.format(n_chunks)
+    assert updater.chunking_description == words.format(chunks)
+    assert (n_chunks == 1) == ('chunk_bytes' in arguments and
+                               arguments['chunk_bytes'] == 1 << 30)

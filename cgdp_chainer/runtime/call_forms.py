@@ -43,6 +43,23 @@ ITERATOR_FORMS = ('a chainer.dataset.Iterator, a dict of them with a '
                   "(MultiprocessParallelUpdater's form)")
 
 
+def check_devices_keyword(devices, device):
+    """Refuses StandardUpdater's ``device=`` (one device) and a missing
+    ``devices``, naming the list CGDP takes.
+
+    Raises:
+        TypeError: ``device`` given, or ``devices`` missing.
+    """
+    if device is not None:
+        raise TypeError(
+            'CGDPUpdater takes devices=, a list with a device per replica, '
+            'not device=: devices=[{0!r}, {0!r}] runs two replicas on '
+            '{0!r}'.format(device))
+    if devices is None:
+        raise TypeError('CGDPUpdater needs devices=, a list with a device '
+                        'per replica, e.g. devices=[-1, -1] (two on the CPU)')
+
+
 def device_iterators(iterator, n_devices):
     """Checks ``iterator``; returns the list of one iterator per device, or
     None for a single iterator (or a dict of them) whose batch the devices

@@ -135,6 +135,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         device_copies (callable or None): Tests: ``device_copies(device)``
             stands in for CuPy's copies, and ``'@numpy'`` thread replicas
             take the GPU path (as for ``create_multi_node_optimizer``).
+        device: Refused: StandardUpdater's keyword for its one device;
+            the TypeError names ``devices=[device, device]``.
     """
 
     # The batches' source (made at the first update).
@@ -142,12 +144,14 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     # The ReductionFinder while 'mean' found awaits later batches.
     _reduction_finder = None
 
-    def __init__(self, iterator, optimizer, devices, chunk_size=None,
+    def __init__(self, iterator, optimizer, devices=None, chunk_size=None,
                  reduction=None, converter=convert.concat_examples,
                  loss_func=None, timeline=None, blas_threads=None,
                  host_threads=None, mpi_comm=None, auto_new_epoch=True,
                  workers='process', start_method='spawn', chunk_bytes=None,
-                 loss_scale=None, report_kinds=None, device_copies=None):
+                 loss_scale=None, report_kinds=None, device_copies=None,
+                 device=None):
+        call_forms.check_devices_keyword(devices, device)
         call_forms.check_arguments(reduction, timeline, blas_threads, host_threads,
                          workers, start_method, converter, loss_func)
         call_forms.check_device_copies(device_copies, workers, timeline)

@@ -218,10 +218,11 @@ def describe(spec, n_chunks):
         n_chunks (int or None): Chunks of the plan (None: not formed yet).
     """
     kind, value = spec
-    count = '?' if n_chunks is None else n_chunks
+    chunks = '? chunks' if n_chunks is None else '{} chunk{}'.format(
+        n_chunks, '' if n_chunks == 1 else 's')
     if kind == 'bytes':
-        return '{} chunks of >= {}'.format(count, size_words(value))
+        return '{} of >= {}'.format(chunks, size_words(value))
     if kind == 'size':
-        return '{} chunks of {} layer{}'.format(
-            count, value, '' if value == 1 else 's')
-    return '{} chunks starting at layers {}'.format(count, [0] + list(value))
+        return '{} of {} layer{}'.format(
+            chunks, value, '' if value == 1 else 's')
+    return '{} starting at layers {}'.format(chunks, [0] + list(value))
