@@ -72,10 +72,17 @@ import numpy
 UPDATERS = ('standard', 'parallel', 'cgdp', 'chainermn')
 # Updaters that communicate across MPI ranks.
 MPI_UPDATERS = ('cgdp', 'chainermn')
-REDUCTIONS = ('mean', 'sum')
+# 'find': CGDPUpdater's own default (reduction=None), found at the first
+# iteration from the model's loss; the command line's default.
+FIND_REDUCTION = 'find'
+REDUCTIONS = (FIND_REDUCTION, 'mean', 'sum')
 # None: CGDPUpdater's own default (chunks of at least 1 MiB of parameters).
 DEFAULT_CHUNK_SIZE = None
+# build_updater's reduction when none is given: the experiments train
+# classifiers whose loss is a mean, and skip the check that finds it.
 DEFAULT_REDUCTION = 'mean'
+# The command line's updater: the one this project is about.
+DEFAULT_UPDATER = 'cgdp'
 REPORT_ENTRIES = ['iteration', 'main/loss', 'main/accuracy', 'elapsed_time']
 # The files a run writes into --out: the log and the snapshots.
 LOG_FILE = 'log'
@@ -204,7 +211,8 @@ def build_updater(kind, iterator, optimizer, devices, chunk_size=None,
         chunk_size (int, str or None): CGDP chunk size (``'auto'``,
             ``'model'`` or a positive int); CGDP's default if ``None``.
         reduction (str or None): CGDP gradient reduction, ``'mean'`` or
-            ``'sum'``; ``'mean'`` if ``None``.
+            ``'sum'``, or :data:`FIND_REDUCTION` (CGDPUpdater finds it at
+            the first iteration); :data:`DEFAULT_REDUCTION` if ``None``.
         timeline (cgdp_chainer.Timeline or None): CGDP event recorder.
         comm (mpi4py.MPI.Comm or None): The ranks to train with: CGDP's
             ``mpi_comm``, or ChainerMN's communicator. Collective when
@@ -306,7 +314,8 @@ def _cgdp_updater(iterator, optimizer, specs, chunk_size, reduction,
         optimizer: The optimizer, set up on the model.
         specs (list of str): The device specifiers.
         chunk_size (int, str or None): None: :data:`DEFAULT_CHUNK_SIZE`.
-        reduction (str or None): None: :data:`DEFAULT_REDUCTION`.
+        reduction (str or None): None: :data:`DEFAULT_REDUCTION`;
+            :data:`FIND_REDUCTION`: found by CGDPUpdater.
         timeline (cgdp_chainer.Timeline or None): Event recorder.
         comm (mpi4py.MPI.Comm or None): CGDP's ``mpi_comm`` if given.
         cgdp_options (dict): Further CGDPUpdater keyword arguments.
@@ -318,7 +327,8 @@ def _cgdp_updater(iterator, optimizer, specs, chunk_size, reduction,
     return CGDPUpdater(
         iterator, optimizer, specs,
         chunk_size=DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size,
-        reduction=DEFAULT_REDUCTION if reduction is None else reduction,
+        reduction={None: DEFAULT_REDUCTION, FIND_REDUCTION: None}.get(
+            reduction, reduction),
         timeline=timeline, **options)
 
 
@@ -461,12 +471,14 @@ def build_parser():
                              'or module:callable, a function that returns a '
                              'chainer.Link giving class scores (e.g. '
                              'models.examples:resnet50)')
-    parser.add_argument('--updater', choices=UPDATERS, default='standard',
+    parser.add_argument('--updater', choices=UPDATERS,
+                        default=DEFAULT_UPDATER,
                         help='standard: one device; parallel: Chainer\'s '
                              'ParallelUpdater; cgdp: CGDPUpdater (across '
                              'the ranks under mpiexec); chainermn: the '
                              'ChainerMN baseline, one device per rank, '
-                             'needs mpiexec (default: standard)')
+                             'needs mpiexec (default: {})'.format(
+                                 DEFAULT_UPDATER))
     device_group = parser.add_mutually_exclusive_group()
     device_group.add_argument(
         '--devices', type=cli.device_list, dest='devices', metavar='LIST',
@@ -516,8 +528,9 @@ def build_parser():
                              "(default: the updater's, chunks of at least "
                              "1 MiB)")
     parser.add_argument('--reduction', choices=REDUCTIONS,
-                        help='CGDP gradient reduction (default: {})'.format(
-                            DEFAULT_REDUCTION))
+                        help="CGDP gradient reduction; find: CGDPUpdater's "
+                             "default, found from the model's loss at the "
+                             'first iteration (default: find)')
     parser.add_argument('--trace', metavar='FILE',
                         help='write a Chrome trace JSON of the CGDP '
                              'timeline to this file')
@@ -764,7 +777,9 @@ def run(args, comm=None):
     numpy.random.seed(_global_seed(args.seed, 0, rank))
     updater = build_updater(args.updater, iterator, optimizer, args.devices,
                             chunk_size=args.chunk_size,
-                            reduction=args.reduction, timeline=timeline,
+                            reduction=args.reduction or (
+                                FIND_REDUCTION if args.updater == 'cgdp'
+                                else None), timeline=timeline,
                             comm=comm)
     trainer, seconds = _train(args, updater, rank)
     if rank != 0:
