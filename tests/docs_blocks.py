@@ -10,6 +10,11 @@ by ``tests/test_docs.py``. HTML comments on the lines just before its fence
 - ``<!-- test: replace OLD => NEW -->`` (any number): run the block with
   ``OLD`` replaced by ``NEW``, to shrink sizes (``NET=resnet152`` to a tiny
   run). ``OLD`` must occur in the block, so the replacement cannot go stale.
+- ``<!-- test: output of the block above -->``, before a ``text`` block:
+  it shows what the runnable block before it prints on stdout. Its lines
+  must be among the printed ones, in their order; a line ``...`` stands
+  for any lines left out. So a documented output or figure cannot go
+  stale.
 
 Blocks in other languages (``text``, ``csv``, none) show output or layouts
 and are not run.
@@ -21,6 +26,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNNABLE = ('python', 'bash', 'sh', 'shell')
 _FENCE = re.compile(r'^(`{3,})\s*([\w+-]*)')
 _DIRECTIVE = re.compile(r'^<!--\s*test:\s*(.*?)\s*-->\s*$')
+OUTPUT_DIRECTIVE = 'output of the block above'
+ELISION = '...'
 
 
 class Block(object):
@@ -40,6 +47,8 @@ class Block(object):
         self.language = language
         self.text = text
         self.directives = directives
+        # The text block that shows this block's output, if any.
+        self.output_block = None
 
     @property
     def id(self):
@@ -56,6 +65,25 @@ class Block(object):
             if directive.startswith('skip'):
                 return directive[len('skip'):].lstrip(' ,:') or ''
         return None
+
+    @property
+    def shows_output(self):
+        """Whether it shows the output of the block above it."""
+        return OUTPUT_DIRECTIVE in self.directives
+
+    def missing_output(self, stdout):
+        """The lines of :attr:`output_block` that ``stdout`` lacks (in
+        order; trailing spaces ignored), ``[]`` where all are there."""
+        printed = iter(line.rstrip() for line in stdout.split('\n'))
+        missing = []
+        for line in self.output_block.text.rstrip('\n').split('\n'):
+            line = line.rstrip()
+            if line == ELISION:
+                continue
+            if not any(found == line for found in printed):
+                missing.append(line)
+                printed = iter(line.rstrip() for line in stdout.split('\n'))
+        return missing
 
     def replacements(self):
         """``(old, new)`` pairs of its ``replace`` directives."""
@@ -108,9 +136,11 @@ def blocks(path):
             while end < len(lines) and not lines[end].startswith(
                     fence.group(1)):
                 end += 1
-            found.append(Block(path, index + 1, fence.group(2).lower(),
-                               '\n'.join(lines[index + 1:end]) + '\n',
-                               directives))
+            block = Block(path, index + 1, fence.group(2).lower(),
+                          '\n'.join(lines[index + 1:end]) + '\n', directives)
+            if block.shows_output and found:
+                found[-1].output_block = block
+            found.append(block)
             directives = []
             index = end
         elif line.strip():

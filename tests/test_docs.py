@@ -2,6 +2,7 @@
 Python block runs (with the sizes its ``test: replace`` comments give) or
 says why it cannot run here (see tests/docs_blocks.py)."""
 import os
+import re
 import subprocess
 import sys
 
@@ -84,6 +85,49 @@ def test_block_runs(block, tmp_path):
     assert completed.returncode == 0, '{}\n{}\n{}'.format(
         block.text_to_run(tmp=str(tmp_path)), completed.stdout[-3000:],
         completed.stderr[-3000:])
+    if block.output_block is not None:
+        assert block.missing_output(completed.stdout) == [], \
+            '{} no longer prints what {} shows:\n{}'.format(
+                block.id, block.output_block.id, completed.stdout[-3000:])
+
+
+def test_every_shown_output_follows_a_block_that_runs():
+    shown = [b for b in BLOCKS if b.shows_output]
+    assert shown, 'no documented output is checked'
+    owners = {b.output_block.id: b for b in BLOCKS if b.output_block}
+    for block in shown:
+        owner = owners.get(block.id)
+        assert block.language == 'text' and owner is not None and \
+            owner in TO_RUN, block.id
+
+
+def test_an_output_check_finds_lines_in_order_only():
+    block = docs_blocks.Block('p.md', 1, 'bash', 'x\n', [])
+    block.output_block = docs_blocks.Block(
+        'p.md', 5, 'text', 'a  1\n...\nc  3\n',
+        [docs_blocks.OUTPUT_DIRECTIVE])
+    assert block.missing_output('a  1  \nb  2\nc  3\n') == []
+    assert block.missing_output('c  3\na  1\n') == ['c  3']
+    assert block.missing_output('a  1\nc  4\n') == ['c  3']
+
+
+# The README's figures from the cost model: ResNet-152 on minsky's speedups
+# over the typical updater, as COSTMODEL.md's checked output shows them.
+_README_FIGURES = re.compile(
+    r'ResNet-152 on `minsky`: ([\d.]+)x, ([\d.]+)x and ([\d.]+)x')
+
+
+def test_readmes_cost_model_figures_are_the_checked_outputs():
+    with open(os.path.join(docs_blocks.ROOT, 'README.md')) as f:
+        figures = _README_FIGURES.findall(' '.join(f.read().split()))
+    assert len(figures) == 1
+    shown = [b for b in docs_blocks.blocks('docs/COSTMODEL.md')
+             if b.shows_output][0]
+    lines = shown.text.splitlines()
+    column = lines[0].split().index('x_typ')
+    x_typ = [line.split()[column] for line in lines
+             if line.startswith('resnet152  minsky ')]
+    assert list(figures[0]) == x_typ
 
 
 def test_directives_are_read(tmp_path):
