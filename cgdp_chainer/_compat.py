@@ -4,8 +4,10 @@ Chainer 7.8.1 (2020) and ChainerCV 0.13.1 predate four removals. Each
 patch below fills one gap and only when the gap exists, so on the pinned
 stack (Python 3.11, NumPy 1.26, setuptools<81) it changes nothing that
 works but the removed aliases of item 4, which NumPy 1.24 already dropped. Import this
-module before the first ``import chainer``; ``cgdp_chainer`` and
-``models`` do so at the top.
+module before the first ``import chainer``: ``cgdp_chainer`` does so at the
+top, and where the package is installed its import hook
+(:mod:`cgdp_chainer._import_hook`) runs it before Chainer's first import,
+in any order of imports.
 
 1. ``pkg_resources`` is gone from setuptools 81 on. Chainer's
    ``_environment_check`` imports it to look up optional dependencies'

@@ -471,14 +471,12 @@ def build_parser():
                              'or module:callable, a function that returns a '
                              'chainer.Link giving class scores (e.g. '
                              'models.examples:resnet50)')
-    parser.add_argument('--updater', choices=UPDATERS,
-                        default=DEFAULT_UPDATER,
+    parser.add_argument('--updater', choices=UPDATERS, default=DEFAULT_UPDATER,
                         help='standard: one device; parallel: Chainer\'s '
-                             'ParallelUpdater; cgdp: CGDPUpdater (across '
-                             'the ranks under mpiexec); chainermn: the '
-                             'ChainerMN baseline, one device per rank, '
-                             'needs mpiexec (default: {})'.format(
-                                 DEFAULT_UPDATER))
+                             'ParallelUpdater; cgdp: CGDPUpdater (across the '
+                             'ranks under mpiexec); chainermn: the ChainerMN '
+                             'baseline, one device per rank, needs mpiexec '
+                             '(default: %(default)s)')
     device_group = parser.add_mutually_exclusive_group()
     device_group.add_argument(
         '--devices', type=cli.device_list, dest='devices', metavar='LIST',
@@ -528,9 +526,8 @@ def build_parser():
                              "(default: the updater's, chunks of at least "
                              "1 MiB)")
     parser.add_argument('--reduction', choices=REDUCTIONS,
-                        help="CGDP gradient reduction; find: CGDPUpdater's "
-                             "default, found from the model's loss at the "
-                             'first iteration (default: find)')
+                        help="CGDP gradient reduction; find (default): "
+                             "found from the loss at the first iteration")
     parser.add_argument('--trace', metavar='FILE',
                         help='write a Chrome trace JSON of the CGDP '
                              'timeline to this file')
