@@ -17,10 +17,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # has its own __next__, which CGDP does not read ahead: a notice.
 TRAIN = '''
     import io, json, logging, sys
+    import cgdp_chainer  # first: the py312 leg runs the checkout, no .pth
     import chainer, numpy
     from chainer import training
     from chainer.training import extensions
-    import cgdp_chainer
 
     class OwnNext(chainer.iterators.SerialIterator):
         def __next__(self):
