@@ -124,3 +124,26 @@ def test_a_level_that_is_none_is_refused():
     with pytest.raises(ValueError, match='CGDP_CHAINER_LOG=.LOUD. is not a '
                        'logging level: give DEBUG, INFO'):
         log.configure_from_environment({'CGDP_CHAINER_LOG': 'loud'})
+
+
+def test_a_missing_numba_is_a_notice_naming_the_fix():
+    # numba hidden, as where it is not installed or refuses this NumPy.
+    code = textwrap.dedent('''
+        import sys
+        class Hide:
+            def find_spec(self, name, path=None, target=None):
+                if name == 'numba':
+                    raise ImportError('hidden: ' + name)
+        sys.meta_path.insert(0, Hide())
+        import cgdp_chainer
+        from cgdp_chainer.runtime.host import host_update
+        print(host_update.resolve_backend('auto'))
+    ''')
+    completed = subprocess.run(
+        [sys.executable, '-c', code], capture_output=True, text=True,
+        timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout == 'numpy\n'
+    assert completed.stderr.splitlines() == [
+        'CGDP host update: numba does not import, so the fused rules run as '
+        'NumPy (slower): pip install numba']

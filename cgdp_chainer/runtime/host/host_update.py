@@ -61,6 +61,7 @@ import chainer  # NOQA: the caller (cgdp_chainer) imported the compat first
 from chainer import optimizer_hooks
 from chainer import optimizers
 
+from cgdp_chainer import log
 from cgdp_chainer.runtime.host import fused_classes
 from cgdp_chainer.runtime.host import reduction
 
@@ -91,8 +92,11 @@ def _numba_kernels():
         try:
             from cgdp_chainer.runtime.host import host_kernels
             _numba_import.append(host_kernels)
-        except Exception:  # ImportError, or numba refusing this NumPy
+        except Exception as error:  # ImportError, or numba refusing NumPy
             _numba_import.append(None)
+            log.notice('CGDP host update: numba does not import, so the '
+                       'fused rules run as NumPy (slower): pip install numba',
+                       '{}: {}'.format(type(error).__name__, error))
     return _numba_import[0]
 
 
