@@ -17,6 +17,7 @@ import pytest
 from cgdp_chainer import costmodel
 from cgdp_chainer.costmodel import samples
 from experiments import costmodel_predict
+from experiments import profile as profile_command
 from experiments import progress
 import models
 from models import examples
@@ -273,3 +274,33 @@ def test_make_model_predicts_a_user_loss_chain_on_flat_inputs(
     assert 'predicting on gh200 4/4' in completed.stderr
     with open(os.path.join(out, 'predictions.csv')) as f:
         assert all(float(row['t_cgdp']) > 0 for row in csv.DictReader(f))
+
+
+@pytest.mark.slow
+def test_a_measured_profile_of_a_user_loss_chain(tmp_path, user_module,
+                                                 capsys):
+    out = str(tmp_path / 'p.json')
+    profile_command.main(['--net', user_module + ':penalized',
+                          '--input-shape', '20', '--batch', '4', '--reps',
+                          '1', '--out', out])
+    profile = costmodel.load_profile(out)
+    assert profile['input_shape'] == [20] and profile['n_outputs'] == 7
+    assert profile['user_loss'] and profile['image_size'] is None
+    assert [layer['name'] for layer in profile['layers']] == [
+        '/mlp/l1', '/mlp/l2']
+    assert all(layer['forward_s'] > 0 for layer in profile['layers'])
+    assert costmodel.predict(profile, 'this-cpu', 2, 4)['t_cgdp'] > 0
+    captured = capsys.readouterr()
+    assert 'input 20' in captured.out
+    assert '] timing forward and backward 2/2' in captured.err
+    assert "] timing the host's reductions and updates" in captured.err
+
+
+def test_the_profile_refuses_a_bad_input_shape(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        profile_command.main(['--net', CIFAR, '--input-shape', '3,x',
+                              '--out', str(tmp_path / 'p.json')])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith('error: argument --input-shape:') and \
+        len(err.splitlines()) == 1

@@ -170,9 +170,9 @@ def assert_refused(command, net, capsys, fragments):
     assert _tree(os.getcwd()) == before
 
 
-# The cost model reads the number of classes from the model (it has no
-# --classes to disagree with).
-READS_CLASSES = {'costmodel_predict'}
+# The cost model's commands read the number of classes from the model
+# (the profile's --classes is the four networks').
+READS_CLASSES = {'costmodel_predict', 'profile'}
 
 
 @pytest.mark.parametrize('command, make_net, fragments', [
