@@ -48,10 +48,6 @@ import time
 
 from experiments import cli  # NOQA: first, it silences import-time warnings
 
-import matplotlib
-matplotlib.use('Agg')  # files only
-import matplotlib.pyplot as plt  # NOQA: E402
-
 from cgdp_chainer import costmodel  # NOQA: E402
 from cgdp_chainer import files  # NOQA: E402
 from cgdp_chainer.costmodel import hardware  # NOQA: E402
@@ -216,6 +212,16 @@ def _number(value, digits):
     return '-' if value is None else '{:.{}f}'.format(value, digits)
 
 
+def pyplot():
+    """matplotlib's pyplot on the file-only backend, imported when the
+    figures are drawn: its import takes seconds, which would delay the
+    checks of the command line and the first line of progress."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot
+    return matplotlib.pyplot
+
+
 def save_figure(fig, path):
     """Writes ``fig`` to ``path`` atomically (a crash leaves the previous
     figure) and closes it."""
@@ -223,7 +229,7 @@ def save_figure(fig, path):
         with files.atomic_path(path) as temporary:
             fig.savefig(temporary, dpi=110, format='png')
     finally:
-        plt.close(fig)
+        pyplot().close(fig)
 
 
 def _round(value):
@@ -245,6 +251,7 @@ def _figure_rows(rows):
 def plot_efficiency(rows, nets, presets, path, batch=FIGURE_BATCH):
     """Efficiency of the three schemes against N, a panel per network and
     preset."""
+    plt = pyplot()
     rows = _figure_rows(rows)
     fig, axes = plt.subplots(len(nets), len(presets), squeeze=False,
                              figsize=(3.0 * len(presets), 2.4 * len(nets)),
@@ -289,6 +296,7 @@ def plot_efficiency(rows, nets, presets, path, batch=FIGURE_BATCH):
 def plot_speedup(rows, nets, presets, path):
     """CGDP's speedup over typical (top row) and over NCCL (bottom row)
     against N, a panel per network."""
+    plt = pyplot()
     rows = _figure_rows(rows)
     fig, axes = plt.subplots(2, len(nets), squeeze=False,
                              figsize=(3.4 * len(nets), 6.0), sharey='row')
@@ -331,6 +339,7 @@ def plot_multinode_efficiency(rows, nets, presets, networks, path):
     """Efficiency of ChainerMN and multi-node CGDP against the total device
     count, a panel per network (column) and preset (row), a line per method
     (colour) and interconnect (line style)."""
+    plt = pyplot()
     fig, axes = plt.subplots(len(presets), len(nets), squeeze=False,
                              figsize=(3.0 * len(nets), 2.4 * len(presets)),
                              sharex=True, sharey=True)
