@@ -127,14 +127,6 @@ class ProbedModel(object):
             return x, t
         return device.send(x), device.send(t)
 
-    def describe(self):
-        """One line: the model, its input, the outputs read and whose
-        loss."""
-        return '{}: input {}, {} outputs, {}'.format(
-            self.name, describe_shape(self.input_shape),
-            self.n_outputs if self.n_outputs else 'unknown',
-            'its own loss' if self.user_loss else 'softmax cross entropy')
-
 
 class _LabelWidth(chainer.FunctionHook):
     """Finds the width ``K`` of the ``(N, K)`` array that the first
