@@ -96,8 +96,10 @@ def parse_args(argv=None):
     if models.is_custom(args.net):
         shape = args.input_shape or (3, size, size)
         args.model = cli.probe_model(args.net, shape)
-        if shape != (3, shape[-1], shape[-1]):
-            size = samples.describe_shape(shape)
+        # The file name's size: the side of square RGB images, as the
+        # four's, else the whole shape.
+        size = shape[-1] if shape == (3, shape[-1], shape[-1]) else \
+            samples.describe_shape(shape)
     elif args.input_shape is not None:
         size = args.image_size = cli.check_image_input(args.net,
                                                        args.input_shape)

@@ -315,3 +315,13 @@ def test_the_profile_refuses_a_bad_input_shape(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith('error: argument --input-shape:') and \
         len(err.splitlines()) == 1
+
+
+def test_the_profile_is_named_after_the_input_shape(user_module):
+    square = profile_command.parse_args(['--net', CIFAR, '--input-shape',
+                                         '3,32,32'])
+    assert square.out.endswith('cifar_cnn_numpy_b4_s32.json')
+    flat = profile_command.parse_args(['--net', user_module + ':mlp',
+                                       '--input-shape', '20'])
+    assert flat.out.endswith(':mlp_numpy_b4_s20.json')
+    assert flat.model.n_outputs == 10 and not flat.model.user_loss
