@@ -82,9 +82,11 @@ plot: $(STAMP)
 
 # NET only when given (on the command line or in the environment): the
 # default of the other targets would otherwise narrow `make model` to it.
+# INPUT_SHAPE: one example's input, C,H,W or F (e.g. 3,32,32).
 model: $(STAMP)
 	$(PY) -m experiments.costmodel_predict \
 		$(if $(filter-out undefined default file,$(origin NET)),--net $(NET)) \
+		$(if $(INPUT_SHAPE),--input-shape $(INPUT_SHAPE)) \
 		$(if $(OUT),--out $(OUT))
 
 validate-model: $(STAMP)

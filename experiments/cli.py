@@ -263,6 +263,65 @@ def check_net(net, n_classes, image_size):
         fail('{}{}'.format(error, hint))
 
 
+def input_shape(text):
+    """argparse type: a per-example input shape, ``C,H,W`` or ``F``.
+
+    Args:
+        text (str): E.g. ``'3,32,32'`` or ``'20'``.
+
+    Returns:
+        tuple of int: The shape.
+
+    Raises:
+        argparse.ArgumentTypeError: Not one to three positive integers
+            (the message says which forms are accepted).
+    """
+    from cgdp_chainer.costmodel import samples
+    try:
+        return samples.parse_input_shape(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error))
+
+
+def probe_model(net, shape):
+    """Fails (exit 2) unless ``--net`` (``module:callable``) builds and
+    computes a loss on inputs of ``shape``; otherwise the model, probed.
+
+    Args:
+        net (str): ``module:callable``.
+        shape (tuple of int): Per-example input shape.
+
+    Returns:
+        cgdp_chainer.costmodel.samples.ProbedModel: The model, ready to be
+        profiled (see :func:`cgdp_chainer.costmodel.samples.probe_model`).
+    """
+    import models
+    from cgdp_chainer.costmodel import samples
+    try:
+        return samples.probe_model(models.custom.build(net, seed=0), shape,
+                                   net)
+    except ValueError as error:
+        fail(str(error))
+
+
+def check_image_input(net, shape):
+    """Fails (exit 2) unless one of the four networks takes inputs of
+    ``shape``: three channels, square, at least its minimum side.
+
+    Args:
+        net (str): A name in ``models.NETWORKS``.
+        shape (tuple of int): ``--input-shape``.
+
+    Returns:
+        int: The image side.
+    """
+    if len(shape) != 3 or shape[0] != 3 or shape[1] != shape[2]:
+        fail('--input-shape {}: {} takes square RGB images, 3,S,S (e.g. '
+             '3,224,224)'.format(','.join(str(s) for s in shape), net))
+    check_image_size(net, shape[2])
+    return shape[2]
+
+
 def name_list(choices, what, everything=None):
     """argparse type factory: comma-separated names taken from ``choices``.
 

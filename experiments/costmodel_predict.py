@@ -1,7 +1,8 @@
 """Predicted iteration times of both baselines and CGDP, in bulk.
 
 ``make model`` (``python -m experiments.costmodel_predict``; ``make model
-NET=...``: one network, ``--net``, a name or ``module:callable``) writes
+NET=... INPUT_SHAPE=...``: one network, ``--net``, a name or
+``module:callable``, and ``--input-shape``, one example's input) writes
 ``results/costmodel/predictions.csv`` with the columns of
 :data:`COLUMNS`, one row per network, hardware preset, CGDP worker kind
 (``process``, ``thread``), optimizer (``momentum_sgd``, ``adam``), device
@@ -27,13 +28,18 @@ every network, GPU preset and interconnect (``ib-edr``, ``ib-hdr``); and
 device on one node) against the total device count, a panel per network
 and preset, a line per method and interconnect.
 
-Each network's layers and their functions' FLOPs and bytes are counted
-once at 224 px and cached (``results/costmodel/flops_cache.json``). It
-prints the pay-off table (:func:`payoff_table`). The ``this-cpu`` preset is
-included for each network that has a CPU profile under
-``results/profiles/`` (``python -m experiments.profile --net NET``); its
-times are scaled linearly from the profile's batch and image size is that
-of the profile.
+A ``module:callable`` model is any Chainer model: a predictor (its number
+of outputs is read from it) or a chain that computes its own loss from
+``(x, t)`` (see :mod:`cgdp_chainer.costmodel.samples`); it is built and
+probed before any work, and its layers' FLOPs and bytes counted on one
+example of ``--input-shape``. The four networks are counted once at their
+image size (``--input-shape 3,S,S``, default 224 px) and cached
+(``results/costmodel/flops_cache.json``). Each stage prints a line on
+stderr. It prints the pay-off table (:func:`payoff_table`). The
+``this-cpu`` preset is included for each network that has a CPU profile
+under ``results/profiles/`` (``python -m experiments.profile --net NET``);
+its times are scaled linearly from the profile's batch and image size is
+that of the profile.
 """
 import glob
 import os
@@ -42,13 +48,11 @@ import time
 
 from experiments import cli  # NOQA: first, it silences import-time warnings
 
-import matplotlib
-matplotlib.use('Agg')  # files only
-import matplotlib.pyplot as plt  # NOQA: E402
-
 from cgdp_chainer import costmodel  # NOQA: E402
 from cgdp_chainer import files  # NOQA: E402
 from cgdp_chainer.costmodel import hardware  # NOQA: E402
+from cgdp_chainer.costmodel import samples  # NOQA: E402
+from experiments import progress  # NOQA: E402
 from experiments import results  # NOQA: E402
 
 COLUMNS = ('net', 'preset', 'workers', 'optimizer', 'n_devices',
@@ -68,7 +72,8 @@ OPTIMIZERS = costmodel.OPTIMIZERS
 # The figures' configuration: the runtime's default worker kind.
 FIGURE_WORKERS = 'process'
 FIGURE_OPTIMIZER = 'momentum_sgd'
-IMAGE_SIZE = 224
+# One example's input where --input-shape is not given: ImageNet's.
+DEFAULT_INPUT_SHAPE = (3, 224, 224)
 FIGURE_BATCH = 32
 OUT_DIR = os.path.join('results', 'costmodel')
 PROFILE_DIR = os.path.join('results', 'profiles')
@@ -181,24 +186,23 @@ def payoff_table(rows, batch=FIGURE_BATCH):
     Returns:
         str: A plain-text table.
     """
-    header = ('{:10} {:9} {:>2} {:>10} {:>10} {:>10} {:>8} {:>8}  {}'.format(
-        'net', 'preset', 'N', 'typical_s', 'nccl_s', 'cgdp_s', 'x_typ',
-        'x_nccl', 'CGDPUpdater chunking'))
-    lines = [header]
+    # As wide as the longest name (module:callable names are long).
+    width = max([10] + [len(row['net']) for row in rows])
+    line = '{:' + str(width) + '} {:9} {:>2} {:>10} {:>10} {:>10} {:>8} ' \
+        '{:>8}  {}'
+    lines = [line.format('net', 'preset', 'N', 'typical_s', 'nccl_s',
+                         'cgdp_s', 'x_typ', 'x_nccl', 'CGDPUpdater chunking')]
     for row in rows:
         if row['workers'] != FIGURE_WORKERS or row['optimizer'] != \
                 FIGURE_OPTIMIZER or row['batch_per_device'] != batch or \
                 row['n_devices'] == 1:
             continue
-        lines.append('{:10} {:9} {:>2} {:>10} {:>10} {:>10} {:>8} {:>8}  '
-                     '{}'.format(
-                         row['net'], row['preset'], row['n_devices'],
-                         _number(row['t_typical'], 4),
-                         _number(row['t_nccl'], 4), _number(row['t_cgdp'], 4),
-                         _number(row['speedup'], 2),
-                         _number(row['speedup_vs_nccl'], 2),
-                         costmodel.describe_chunking(
-                             row['best_chunk_size'])))
+        lines.append(line.format(
+            row['net'], row['preset'], row['n_devices'],
+            _number(row['t_typical'], 4), _number(row['t_nccl'], 4),
+            _number(row['t_cgdp'], 4), _number(row['speedup'], 2),
+            _number(row['speedup_vs_nccl'], 2),
+            costmodel.describe_chunking(row['best_chunk_size'])))
     return '\n'.join(lines)
 
 
@@ -208,6 +212,16 @@ def _number(value, digits):
     return '-' if value is None else '{:.{}f}'.format(value, digits)
 
 
+def pyplot():
+    """matplotlib's pyplot on the file-only backend, imported when the
+    figures are drawn: its import takes seconds, which would delay the
+    checks of the command line and the first line of progress."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot
+    return matplotlib.pyplot
+
+
 def save_figure(fig, path):
     """Writes ``fig`` to ``path`` atomically (a crash leaves the previous
     figure) and closes it."""
@@ -215,7 +229,7 @@ def save_figure(fig, path):
         with files.atomic_path(path) as temporary:
             fig.savefig(temporary, dpi=110, format='png')
     finally:
-        plt.close(fig)
+        pyplot().close(fig)
 
 
 def _round(value):
@@ -237,6 +251,7 @@ def _figure_rows(rows):
 def plot_efficiency(rows, nets, presets, path, batch=FIGURE_BATCH):
     """Efficiency of the three schemes against N, a panel per network and
     preset."""
+    plt = pyplot()
     rows = _figure_rows(rows)
     fig, axes = plt.subplots(len(nets), len(presets), squeeze=False,
                              figsize=(3.0 * len(presets), 2.4 * len(nets)),
@@ -281,6 +296,7 @@ def plot_efficiency(rows, nets, presets, path, batch=FIGURE_BATCH):
 def plot_speedup(rows, nets, presets, path):
     """CGDP's speedup over typical (top row) and over NCCL (bottom row)
     against N, a panel per network."""
+    plt = pyplot()
     rows = _figure_rows(rows)
     fig, axes = plt.subplots(2, len(nets), squeeze=False,
                              figsize=(3.4 * len(nets), 6.0), sharey='row')
@@ -323,6 +339,7 @@ def plot_multinode_efficiency(rows, nets, presets, networks, path):
     """Efficiency of ChainerMN and multi-node CGDP against the total device
     count, a panel per network (column) and preset (row), a line per method
     (colour) and interconnect (line style)."""
+    plt = pyplot()
     fig, axes = plt.subplots(len(presets), len(nets), squeeze=False,
                              figsize=(3.0 * len(nets), 2.4 * len(presets)),
                              sharex=True, sharey=True)
@@ -368,7 +385,7 @@ def plot_multinode_efficiency(rows, nets, presets, networks, path):
     save_figure(fig, path)
 
 
-def write_notes(path, presets, cpu_nets):
+def write_notes(path, presets, cpu_nets, input_shape=DEFAULT_INPUT_SHAPE):
     lines = [
         'Predictions of cgdp_chainer.costmodel (discrete-event simulation; '
         'CGDP at the best chunk size among powers of two and one chunk).',
@@ -376,12 +393,13 @@ def write_notes(path, presets, cpu_nets):
         'every GPU); nccl = MultiprocessParallelUpdater (a process per GPU, '
         'NCCL reduce onto GPU 0, update there, NCCL broadcast); cgdp with '
         'workers process or thread; optimizers momentum_sgd and adam.',
-        'Compute on GPU presets: per Chainer function at {} px, the longest '
+        'Compute on GPU presets: per Chainer function on inputs of {} '
+        '(one example), the longest '
         'of its FLOPs at the preset\'s efficiency, its bytes at the device\'s '
         'memory bandwidth and a kernel launch; per layer at least its '
         'host-side launch time (function calls x per-call cost); see '
         'cgdp_chainer/costmodel/hardware.py for every constant and its '
-        'source.'.format(IMAGE_SIZE),
+        'source.'.format(samples.describe_shape(input_shape)),
         'Efficiency: t(1) / t(N) within each scheme, as in '
         'experiments.results; speedup: t_typical / t_cgdp; '
         'speedup_vs_nccl: t_nccl / t_cgdp. Figures: {} workers, {}.'.format(
@@ -428,7 +446,19 @@ def net_list(text):
     return names
 
 
-def main(argv=None):
+def parse_args(argv=None):
+    """Parses and checks the command line before any work; exits with 2 on
+    bad input.
+
+    Args:
+        argv (list of str or None): Arguments; ``sys.argv[1:]`` if ``None``.
+
+    Returns:
+        argparse.Namespace: The arguments, with ``models``: per network, the
+        :class:`cgdp_chainer.costmodel.samples.ProbedModel` of a
+        ``module:callable`` (built and probed here) or the name of one of
+        the four; and ``input_shape`` (default 3,224,224).
+    """
     parser = cli.ArgumentParser(description='Predict typical and CGDP '
                                 'iteration times for every preset.')
     parser.add_argument('--out', default=OUT_DIR,
@@ -436,43 +466,121 @@ def main(argv=None):
     chosen = parser.add_mutually_exclusive_group()
     chosen.add_argument('--net', default=None, type=cli.net_spec,
                         help='one network: a name or module:callable, a '
-                             'function that returns a chainer.Link giving '
-                             'class scores (e.g. models.examples:resnet50)')
+                             'function that returns a chainer.Link: a '
+                             'predictor giving (N, K) class scores (K read '
+                             'from it) or a chain whose forward(x, t) '
+                             'returns the loss (e.g. '
+                             'models.examples:cifar_cnn)')
     chosen.add_argument('--nets', default=None, type=net_list,
                         help='comma-separated networks (default: all four)')
+    parser.add_argument('--input-shape', type=cli.input_shape,
+                        default=DEFAULT_INPUT_SHAPE, metavar='SHAPE',
+                        help='one example\'s input, without the batch: '
+                             'C,H,W for images or F for a flat width '
+                             '(default {})'.format(','.join(
+                                 str(s) for s in DEFAULT_INPUT_SHAPE)))
     args = parser.parse_args(argv)
     import models
-    if args.net is not None:
-        cli.check_net(args.net, 1000, IMAGE_SIZE)
     nets = [args.net] if args.net else args.nets or list(models.NETWORKS)
+    args.models = []
+    for net in nets:
+        if models.is_custom(net):
+            args.models.append(cli.probe_model(net, args.input_shape))
+        else:
+            cli.check_image_input(net, args.input_shape)
+            args.models.append(net)
     cli.check_output_folder('--out', args.out)
+    return args
+
+
+def net_profile(model, input_shape, cache, log):
+    """The FLOPs profile of one network, announcing itself on ``log``.
+
+    Args:
+        model (str or ProbedModel): One of the four networks by name (its
+            layers cached in ``cache``) or a probed model.
+        input_shape (tuple of int): The four's images, ``(3, S, S)``.
+        cache (str): The four's cache file.
+        log (callable): ``log(text)``, one line per stage.
+
+    Returns:
+        dict: The profile (see :func:`cgdp_chainer.costmodel.flops_profile`).
+    """
+    if isinstance(model, str):
+        log('{}: counting FLOPs and bytes per layer at {}'.format(
+            model, samples.describe_shape(input_shape)))
+        return costmodel.flops_profile(model, input_shape[-1],
+                                       cache_path=cache)
+    return costmodel.flops_profile(
+        model, progress=lambda text: log('{}: {}'.format(model.name, text)))
+
+
+def describe_profile(profile):
+    """One line: the network, its input, outputs and loss, and layers."""
+    outputs = profile.get('n_outputs', 1000) or 'unknown'
+    shape = profile.get('input_shape') or [3, profile['image_size'],
+                                           profile['image_size']]
+    return '{}: input {}, {} outputs, {}, {} layers'.format(
+        profile['net'], samples.describe_shape(shape), outputs,
+        'its own loss' if profile.get('user_loss') else
+        'softmax cross entropy', len(profile['layers']))
+
+
+def predict_network(net, profile, presets, networks, log):
+    """Every prediction row of one network: single-node on each preset,
+    multi-node on each preset and interconnect, and ``this-cpu`` where a
+    measured profile exists.
+
+    Returns:
+        tuple: ``(rows, multinode_rows, has_cpu)``.
+    """
+    rows, multinode_rows = [], []
+    for index, preset in enumerate(presets):
+        log('{}: predicting on {} {}/{}'.format(net, preset, index + 1,
+                                                len(presets)))
+        rows.extend(predict_rows(net, profile, preset))
+        for network in networks:
+            multinode_rows.extend(predict_multinode_rows(
+                net, profile, preset, network))
+    cpu_profile = newest_cpu_profile(net)
+    if cpu_profile is None:
+        return rows, multinode_rows, False
+    log('{}: predicting on {} from its measured profile'.format(
+        net, hardware.CPU_PRESET))
+    try:
+        rows.extend(predict_rows(
+            net, cpu_profile, hardware.CPU_PRESET,
+            optimizers=measured_optimizers(cpu_profile)))
+    except ValueError as error:
+        print('{}: this-cpu skipped: {}'.format(net, error))
+        return rows, multinode_rows, False
+    return rows, multinode_rows, True
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    log = progress.StageLog()
     start = time.perf_counter()
     os.makedirs(args.out, exist_ok=True)
     cache = os.path.join(args.out, 'flops_cache.json')
     presets = list(hardware.GPU_PRESETS)
     networks = list(hardware.NETWORK_PRESETS)
-    rows = []
-    multinode_rows = []
-    cpu_nets = []
-    for net in nets:
-        profile = costmodel.flops_profile(net, IMAGE_SIZE, cache_path=cache)
-        for preset in presets:
-            rows.extend(predict_rows(net, profile, preset))
-            for network in networks:
-                multinode_rows.extend(predict_multinode_rows(
-                    net, profile, preset, network))
-        cpu_profile = newest_cpu_profile(net)
-        if cpu_profile is not None:
-            try:
-                rows.extend(predict_rows(
-                    net, cpu_profile, hardware.CPU_PRESET,
-                    optimizers=measured_optimizers(cpu_profile)))
-                cpu_nets.append(net)
-            except ValueError as error:
-                print('{}: this-cpu skipped: {}'.format(net, error))
+    rows, multinode_rows, cpu_nets, nets = [], [], [], []
+    for model in args.models:
+        profile = net_profile(model, args.input_shape, cache, log)
+        net = profile['net']
+        nets.append(net)
+        print(describe_profile(profile), flush=True)
+        single, multinode, has_cpu = predict_network(net, profile, presets,
+                                                     networks, log)
+        rows.extend(single)
+        multinode_rows.extend(multinode)
+        if has_cpu:
+            cpu_nets.append(net)
         print('{}: done ({:.1f} s)'.format(net, time.perf_counter() - start),
               flush=True)
     print(payoff_table(rows), flush=True)
+    log('writing the predictions and figures to {}'.format(args.out))
     csv_path = os.path.join(args.out, 'predictions.csv')
     results.write_csv(csv_path, COLUMNS, rows)
     all_presets = presets + ([hardware.CPU_PRESET] if cpu_nets else [])
@@ -485,7 +593,8 @@ def main(argv=None):
     plot_multinode_efficiency(multinode_rows, nets, presets, networks,
                               os.path.join(args.out,
                                            'multinode_efficiency.png'))
-    write_notes(os.path.join(args.out, 'NOTES.txt'), all_presets, cpu_nets)
+    write_notes(os.path.join(args.out, 'NOTES.txt'), all_presets, cpu_nets,
+                args.input_shape)
     print('wrote {} rows to {}, {} to {} and figures in {} ({:.1f} s)'
           .format(len(rows), csv_path, len(multinode_rows), multinode_path,
                   args.out, time.perf_counter() - start))

@@ -4,7 +4,8 @@
 expected cost so that its estimate of the time left does not jump when the
 runs move on to more devices; :func:`say` prints a line on stdout without
 mixing it into the bar. Under MPI only rank 0 prints: the other ranks draw
-into :data:`DEVNULL`.
+into :data:`DEVNULL`. :class:`StageLog` writes one short line per stage
+on stderr, for commands whose steps are few and uneven.
 """
 import sys
 import time
@@ -77,6 +78,30 @@ class Progress(object):
             self.stream.write('\r\033[K')
             self.stream.flush()
             self._shown = False
+
+
+class StageLog(object):
+    """One short line on stderr per stage, with the seconds since the
+    first: ``[  2.1 s] predicting on minsky 1/3``.
+
+    Called as ``log(text)``, so that library code that takes a
+    ``progress`` callable can report its stages through it.
+
+    Args:
+        stream: Where to write (default ``sys.stderr``).
+    """
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.started = None
+
+    def __call__(self, text):
+        now = time.monotonic()
+        if self.started is None:
+            self.started = now
+        self.stream.write('[{:6.1f} s] {}\n'.format(now - self.started,
+                                                     text))
+        self.stream.flush()
 
 
 def say(progress, text):

@@ -233,21 +233,37 @@ def check_profile(profile):
                                  '{!r}'.format(index, key, layer[key]))
 
 
-def flops_profile(net, image_size=224, n_classes=1000, cache_path=None):
+def flops_profile(net, image_size=224, n_classes=1000, cache_path=None,
+                  progress=None):
     """A profile with per-layer function costs, no measured times.
 
     Args:
-        net (str or chainer.Link): A name in ``models.NETWORKS``, or a
-            network mapping images to class scores.
+        net (str, chainer.Link or ProbedModel): A name in
+            ``models.NETWORKS``, a network mapping images to class scores,
+            or any model that passed
+            :func:`cgdp_chainer.costmodel.samples.probe_model` (counted on
+            its own input shape and loss; ``image_size`` and ``n_classes``
+            do not apply).
         image_size (int): Input side in pixels.
         n_classes (int): Classifier outputs.
         cache_path (str or None): Cache file for named networks (see
             :func:`cgdp_chainer.costmodel.layers.cached_layer_costs`).
+        progress (callable or None): ``progress(text)`` is told each
+            counting stage of a probed model.
 
     Returns:
-        dict: A profile for :func:`predict` and friends.
+        dict: A profile for :func:`predict` and friends; a probed model's
+        also has ``input_shape``, ``n_outputs`` and ``user_loss``.
     """
     from cgdp_chainer.costmodel import layers
+    from cgdp_chainer.costmodel import samples
+    if isinstance(net, samples.ProbedModel):
+        shape = net.input_shape
+        return {'net': net.name, 'device': None, 'batch': 1,
+                'image_size': shape[-1] if len(shape) == 3 else None,
+                'input_shape': list(shape), 'n_outputs': net.n_outputs,
+                'user_loss': net.user_loss,
+                'layers': layers.probed_layer_costs(net, progress)}
     records = layers.cached_layer_costs(net, image_size, n_classes=n_classes,
                                         cache_path=cache_path)
     return {'net': net if isinstance(net, str) else type(net).__name__,

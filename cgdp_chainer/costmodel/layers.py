@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import time
+import warnings
 
 import chainer
 import chainer.links  # NOQA: the records wrap a network in a Classifier
@@ -290,7 +291,7 @@ def add_function_costs(records, target, in_arrays, loss_func=None):
     return records
 
 
-def layer_costs(target, in_arrays, loss_func=None):
+def layer_costs(target, in_arrays, loss_func=None, progress=None):
     """Layer records without times: one untimed pass for the ready order
     and the call counts, then the function costs.
 
@@ -298,12 +299,16 @@ def layer_costs(target, in_arrays, loss_func=None):
         target (chainer.Link): The model, its parameters initialised.
         in_arrays (tuple): ``(x, labels...)``.
         loss_func (callable or None): ``loss_func(*in_arrays)``.
+        progress (callable or None): ``progress(text)`` is told each stage
+            as it starts.
 
     Returns:
         list of dict: Per layer, input side first: ``index``, ``name``,
         ``forward_calls``, ``backward_calls`` and what
         :func:`add_function_costs` adds.
     """
+    progress = progress or (lambda text: None)
+    progress('finding the layers: forward and backward 1/2')
     result = run_pass(target, in_arrays, loss_func, lambda: None,
                       own_layers(target))
     target.cleargrads()
@@ -311,7 +316,34 @@ def layer_costs(target, in_arrays, loss_func=None):
                 'forward_calls': result['forward_calls'].get(path, 0),
                 'backward_calls': result['backward_calls'].get(path, 0)}
                for i, path in enumerate(reversed(result['order']))]
+    progress('counting FLOPs and bytes of {} layers: forward 2/2'.format(
+        len(records)))
     return add_function_costs(records, target, in_arrays, loss_func)
+
+
+def probed_layer_costs(probed, progress=None):
+    """:func:`layer_costs` of a probed model at batch 1, on its samples
+    (:mod:`cgdp_chainer.costmodel.samples`); NumPy's global random state
+    (dropout) is left as it was.
+
+    Args:
+        probed (ProbedModel): The model.
+        progress (callable or None): As :func:`layer_costs`.
+
+    Returns:
+        list of dict: As :func:`layer_costs`.
+    """
+    chain = probed.loss_chain
+    saved = numpy.random.get_state()
+    try:
+        with warnings.catch_warnings():
+            # One example makes batch normalization warn that its output
+            # is zero: true, and no matter for counting.
+            warnings.simplefilter('ignore')
+            return layer_costs(chain, probed.in_arrays(1, chain.device),
+                               progress=progress)
+    finally:
+        numpy.random.set_state(saved)
 
 
 DEFAULT_CACHE = os.path.join('results', 'costmodel', 'layer_cache.json')

@@ -99,8 +99,40 @@ def _process_cpu_seconds():
     return usage.ru_utime + usage.ru_stime
 
 
+def _timed_passes(target, in_arrays, loss_func, sync, links, reps, configs,
+                  progress):
+    """:func:`measure_layers`'s passes: a warm-up and ``reps`` timed
+    repetitions, each with every BLAS thread count of ``configs``.
+
+    Returns:
+        tuple: ``(samples, busy)``: per thread count (``None``: all), the
+        timed passes' :func:`layers_module.run_pass` results; and the
+        busy cores (CPU over wall seconds) of the all-thread passes.
+    """
+    samples = {threads: [] for threads in configs}
+    busy = []
+    for rep in range(reps + 1):
+        if progress is not None:
+            progress('timing forward and backward {}/{}{}'.format(
+                rep + 1, reps + 1, ' (warm-up)' if rep == 0 else ''))
+        for threads in configs:
+            with blas.BlasLimit(threads or None):
+                cpu_start = _process_cpu_seconds()
+                start = time.perf_counter()
+                result = layers_module.run_pass(target, in_arrays, loss_func,
+                                                sync, links)
+                wall = time.perf_counter() - start
+                cpu = _process_cpu_seconds() - cpu_start
+            if rep > 0:  # the first repetition warms up
+                samples[threads].append(result)
+                if threads is None and wall > 0:
+                    busy.append(cpu / wall)
+    return samples, busy
+
+
 def measure_layers(target, device, in_arrays, loss_func=None,
-                   reps=DEFAULT_REPS, one_thread=None, statistic='median'):
+                   reps=DEFAULT_REPS, one_thread=None, statistic='median',
+                   progress=None):
     """Per-layer forward and backward seconds of any model.
 
     Each pass is one ordinary forward and one readiness backward
@@ -119,6 +151,8 @@ def measure_layers(target, device, in_arrays, loss_func=None,
         one_thread (bool or None): Also time with one BLAS thread; default:
             on CPU devices.
         statistic (str): ``'median'`` of the repetitions, or ``'min'``.
+        progress (callable or None): ``progress(text)`` is told each pass
+            as it starts.
 
     Returns:
         dict: ``layers`` (records input side first: ``index``, ``name``
@@ -132,22 +166,8 @@ def measure_layers(target, device, in_arrays, loss_func=None,
     if one_thread is None:
         one_thread = not devices_module.is_gpu(device)
     configs = [None, 1] if one_thread else [None]
-    samples = {threads: [] for threads in configs}
-    busy = []
-    for rep in range(reps + 1):
-        for threads in configs:
-            limit = blas.BlasLimit(threads or None)
-            with limit:
-                cpu_start = _process_cpu_seconds()
-                start = time.perf_counter()
-                result = layers_module.run_pass(target, in_arrays, loss_func,
-                                                sync, links)
-                wall = time.perf_counter() - start
-                cpu = _process_cpu_seconds() - cpu_start
-            if rep > 0:  # the first repetition warms up
-                samples[threads].append(result)
-                if threads is None and wall > 0:
-                    busy.append(cpu / wall)
+    samples, busy = _timed_passes(target, in_arrays, loss_func, sync, links,
+                                  reps, configs, progress)
     target.cleargrads()
     summary = STATISTICS[statistic]
     passes = samples[None]
@@ -691,7 +711,7 @@ def machine_info(device):
 
 def profile_replica(target, device, in_arrays, loss_func=None,
                     host_threads=None, reps=DEFAULT_REPS, statistic='median',
-                    optimizers=None):
+                    optimizers=None, progress=None):
     """Profiles any model already on its device, on a given batch.
 
     The target's persistent values (BatchNormalization statistics) and
@@ -711,15 +731,18 @@ def profile_replica(target, device, in_arrays, loss_func=None,
             the layer times.
         optimizers (sequence of str or None): The optimizers whose host
             update to measure (default: all of :data:`HOST_UPDATE_RULES`).
+        progress (callable or None): ``progress(text)`` is told each stage
+            (each timed pass, the copies, the host, the machine).
 
     Returns:
         dict: The profile (see the module docstring).
     """
     optimizers = _check_optimizer_names(optimizers)
+    progress = progress or (lambda text: None)
     if not isinstance(in_arrays, tuple):
         in_arrays = (in_arrays,)
     measured = _measure_layers_leaving_no_trace(
-        target, device, in_arrays, loss_func, reps, statistic)
+        target, device, in_arrays, loss_func, reps, statistic, progress)
     if host_threads is None:
         host_threads = max(1, min(4, os.cpu_count() or 1))
     spec = '@numpy' if not devices_module.is_gpu(device) else \
@@ -737,16 +760,16 @@ def profile_replica(target, device, in_arrays, loss_func=None,
         # The runtime's chunks do not cut the graph: one more chunk costs
         # the device nothing (its host-side costs are the host's).
         'chunk_overhead': {'forward_s': 0.0, 'backward_s': 0.0},
-        'whole': measured['whole'],
-        'copy': measure_copies(device, reps=reps),
-        'host': {'threads': host_threads,
-                 'ops': measure_host_ops(target, reps=reps),
-                 'update_rules': measure_host_updates(target, reps,
-                                                      optimizers),
-                 'fused': measure_fused_host_updates(target, reps,
-                                                     optimizers)},
-        'machine': machine_info(device),
-    }
+        'whole': measured['whole']}
+    progress('timing copies between the device and the host')
+    profile['copy'] = measure_copies(device, reps=reps)
+    progress('timing the host\'s reductions and updates')
+    profile['host'] = {
+        'threads': host_threads, 'ops': measure_host_ops(target, reps=reps),
+        'update_rules': measure_host_updates(target, reps, optimizers),
+        'fused': measure_fused_host_updates(target, reps, optimizers)}
+    progress('measuring the machine: cores, BLAS, a function call')
+    profile['machine'] = machine_info(device)
     profile['machine']['function_call'] = measure_function_overhead(
         device, reps=reps)
     if devices_module.is_gpu(device):
@@ -757,7 +780,7 @@ def profile_replica(target, device, in_arrays, loss_func=None,
 
 
 def _measure_layers_leaving_no_trace(target, device, in_arrays, loss_func,
-                                     reps, statistic):
+                                     reps, statistic, progress=None):
     """:func:`measure_layers` with each layer's function costs, restoring
     the target's persistent values and NumPy's global random state and
     clearing its gradients afterwards, even if measuring fails.
@@ -769,6 +792,7 @@ def _measure_layers_leaving_no_trace(target, device, in_arrays, loss_func,
         loss_func (callable or None): As the updater's; default the target.
         reps (int): Timed repetitions.
         statistic (str): ``'median'`` or ``'min'``.
+        progress (callable or None): As :func:`measure_layers`'s.
 
     Returns:
         dict: What :func:`measure_layers` returns.
@@ -778,7 +802,7 @@ def _measure_layers_leaving_no_trace(target, device, in_arrays, loss_func,
     try:
         measured = measure_layers(target, device, in_arrays,
                                   loss_func=loss_func, reps=reps,
-                                  statistic=statistic)
+                                  statistic=statistic, progress=progress)
         layers_module.add_function_costs(measured['layers'], target,
                                          in_arrays, loss_func)
     finally:
@@ -830,14 +854,18 @@ def synthetic_inputs(device, batch, image_size, n_classes=1000, seed=0):
 
 
 def profile_model(model, device, batch, image_size, reps=DEFAULT_REPS,
-                  n_classes=None, host_threads=None, statistic='median'):
+                  n_classes=None, host_threads=None, statistic='median',
+                  progress=None):
     """Profiles any model at a batch size and image size.
 
     Args:
-        model (chainer.Link): A classifier (any link taking ``(x, t)``
-            and returning the loss), or a network mapping images to class
-            scores, which is profiled inside the project's classifier
-            (:class:`models.Classifier`); it is moved to ``device``.
+        model (chainer.Link or ProbedModel): A classifier (any link taking
+            ``(x, t)`` and returning the loss), or a network mapping images
+            to class scores, which is profiled inside the project's
+            classifier (:class:`models.Classifier`); or a model that passed
+            :func:`cgdp_chainer.costmodel.samples.probe_model`, profiled on
+            its own input shape (``image_size`` and ``n_classes`` do not
+            apply). It is moved to ``device``.
         device (str or chainer.backend.Device): ``'@numpy'`` or
             ``'@cupy:N'``.
         batch (int): Images per pass.
@@ -847,26 +875,40 @@ def profile_model(model, device, batch, image_size, reps=DEFAULT_REPS,
             predictor's output size when it has ``n_classes``).
         host_threads (int or None): Host accumulator threads to record.
         statistic (str): ``'median'`` or ``'min'`` of the repetitions.
+        progress (callable or None): ``progress(text)`` is told each stage
+            (see :func:`profile_replica`).
 
     Returns:
         dict: The profile.
     """
+    from cgdp_chainer.costmodel import samples
     if isinstance(device, str):
         device = devices_module.parse_device(device)
     if batch < 1 or image_size < 1:
         raise ValueError('batch and image_size must be >= 1, got {} and '
                          '{}'.format(batch, image_size))
-    if not isinstance(model, chainer.links.Classifier):
-        from cgdp_chainer import models
-        model = models.Classifier(model)
-    model.to_device(device)
-    if n_classes is None:
-        predictor = getattr(model, 'predictor', model)
-        n_classes = int(getattr(predictor, 'n_classes', 1000))
-    in_arrays = synthetic_inputs(device, batch, image_size, n_classes)
-    profile = profile_replica(model, device, in_arrays, reps=reps,
-                              host_threads=host_threads, statistic=statistic)
-    profile['image_size'] = image_size
+    if isinstance(model, samples.ProbedModel):
+        target = model.loss_chain
+        target.to_device(device)
+        in_arrays = model.in_arrays(batch, device)
+    else:
+        target = model
+        if not isinstance(target, chainer.links.Classifier):
+            from cgdp_chainer import models
+            target = models.Classifier(target)
+        target.to_device(device)
+        if n_classes is None:
+            predictor = getattr(target, 'predictor', target)
+            n_classes = int(getattr(predictor, 'n_classes', 1000))
+        in_arrays = synthetic_inputs(device, batch, image_size, n_classes)
+    profile = profile_replica(target, device, in_arrays, reps=reps,
+                              host_threads=host_threads, statistic=statistic,
+                              progress=progress)
+    if isinstance(model, samples.ProbedModel):
+        profile.update(input_shape=list(model.input_shape),
+                       n_outputs=model.n_outputs, user_loss=model.user_loss)
+    else:
+        profile['image_size'] = image_size
     return profile
 
 
