@@ -87,6 +87,20 @@ def check_batch_size(iterator, n_devices):
                 batch_size, n_devices))
 
 
+def check_first_batch(counts):
+    """Raises ValueError where the first batch leaves a device without an
+    example: its iteration learns the model's graph (the chunks, the
+    parameters used outside their link) from every replica. A later batch
+    may be shorter (see :mod:`~cgdp_chainer.runtime.input.batches`)."""
+    if 0 in counts:
+        raise ValueError(
+            'the first batch has {} examples, fewer than the {} devices; '
+            'the first iteration learns the graph on every device: give a '
+            'first batch of at least {} examples (later ones may be '
+            'shorter) or fewer devices'.format(
+                sum(counts), len(counts), len(counts)))
+
+
 def iterator_names(iterators):
     """The list form's iterators by name, the first as ``'main'`` (whose
     epoch the trainer follows): StandardUpdater snapshots and finalizes

@@ -648,6 +648,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             dict: Values with their graphs to report for the first iteration
             (from the master's forward on the whole batch), or None.
         """
+        call_forms.check_first_batch(batch.counts)
         optimizer = self.get_optimizer('main')
         master = optimizer.target
         first_reports = None
