@@ -178,8 +178,11 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         # A ChainerMN multi-node optimizer trains across its communicator:
         # CGDP runs the optimizer it wraps (see cgdp_chainer.mpi).
         from cgdp_chainer import mpi
+        given = optimizer
         optimizer, self._mpi_comm = mpi.host_optimizer_and_comm(
             optimizer, mpi_comm)
+        # A multi-node optimizer's first update() broadcasts instead.
+        self._first_update = mpi.first_update(given, self._mpi_comm)
         self._optimizers['main'] = optimizer
         if loss_scale is not None:
             optimizer.set_loss_scale(loss_scale)  # the one CGDP runs
@@ -373,6 +376,10 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         whole batch's values and settle the chunking."""
         if self._device_view is not None:
             self._device_view.restore()  # after an evaluation that raised
+        first_update, self._first_update = self._first_update, None
+        if first_update is not None and first_update.due():
+            self._broadcast_instead(first_update)
+            return
         if self._replicas is not None:
             self._take_user_edits(edited)
         elif self.workers == 'process' and self._launched is None:
@@ -400,8 +407,24 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         self._report([observations.settled(r.observation) for r in results],
                      batch.counts, first_reports)
         self._settle_chunking(results, forming, seconds)
+        self._new_epoch_if_due()
+
+    def _new_epoch_if_due(self):
         if self.auto_new_epoch and self.get_iterator('main').is_new_epoch:
             self.get_optimizer('main').new_epoch(auto=True)
+
+    def _broadcast_instead(self, first_update):
+        """A multi-node optimizer's first update(), as ChainerMN's: the
+        master's forward and backward on the batch (reporting as
+        StandardUpdater does), rank 0's weights to every rank, no step
+        (see :class:`~cgdp_chainer.mpi.chainermn_optimizer.FirstUpdate`)."""
+        batch = self._next_batches()
+        optimizer = self.get_optimizer('main')
+        with static_graph_models.define_by_run():
+            loss = shared.call_with(self.loss_func or optimizer.target,
+                                    batch.whole_inputs)
+            first_update.run(optimizer.target, loss, optimizer._loss_scale)
+        self._new_epoch_if_due()
 
     def _confirm_reduction(self, batch):
         """Compares the batch's loss with its shares' before its update,
