@@ -382,6 +382,13 @@ def test_a_last_batch_shorter_than_the_replicas_trains_as_chainermn(mpiexec):
 
 
 @pytest.mark.mpi
+def test_multi_node_batch_normalization_trains_under_the_optimizer_form(
+        mpiexec):
+    # The whole batch's statistics that BatchStatisticsWarning points to.
+    assert_ok(run_mpi('multi_node_batch_normalization.py'), 'multi-node-bn')
+
+
+@pytest.mark.mpi
 def test_a_chainermn_script_switched_to_cgdp_trains_one_model(mpiexec,
                                                               tmp_path):
     # The script checks that both ranks end with identical parameters,

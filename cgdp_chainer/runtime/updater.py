@@ -15,6 +15,7 @@ from cgdp_chainer import devices as devices_module
 from cgdp_chainer.runtime.workers import channels
 from cgdp_chainer.runtime.chunks import chunk_choice
 from cgdp_chainer.runtime.chunks import chunking
+from cgdp_chainer.runtime.replica import batch_statistics
 from cgdp_chainer.runtime.replica import device_view
 from cgdp_chainer.runtime.input import input_path
 from cgdp_chainer.runtime.host import master as master_module
@@ -191,6 +192,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         self._update_patience = None if self._mpi_comm is None else \
             mpi.update_counts.patience_seconds()
         channels.check_replicable(master, loss_func, workers)
+        self._batch_statistics = batch_statistics.BatchStatisticsNotice(
+            master, len(self._devices), 'CGDPUpdater')
         # Said at the first update, once per run (on rank 0 under MPI).
         self._static_graph_methods = static_graph_models.decorated_methods(
             master, loss_func)
@@ -397,6 +400,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                 first_reports = self._start(batch)
         elif self._reduction_finder is not None:
             self._confirm_reduction(batch)
+        self._batch_statistics.check(
+            here=self._allreducer is None or self._allreducer.rank == 0)
         self._input_path.read_ahead()
         forming = self._plan is None
         results, seconds = self._run_replicas(batch, forming, in_loop,
