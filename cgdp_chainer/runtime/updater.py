@@ -122,7 +122,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             summed across ranks (one process per node), see
             :mod:`cgdp_chainer.mpi`. An optimizer made by ChainerMN's
             ``create_multi_node_optimizer(optimizer, comm)`` does the same
-            over ``comm`` (CGDP then runs ``optimizer`` on the host).
+            over ``comm`` (CGDP then runs ``optimizer`` on the host; the
+            first ``update()`` broadcasts, as ChainerMN's).
         auto_new_epoch (bool): As in ``StandardUpdater``.
         workers (str): ``'process'`` or ``'thread'``.
         start_method (str): How worker processes start: ``'spawn'`` or
