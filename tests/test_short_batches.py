@@ -10,6 +10,7 @@ import pytest
 import cgdp_chainer
 from cgdp_chainer.runtime.input import batches
 
+import cuda_standin
 import equivalence
 import staged_models
 
@@ -35,7 +36,7 @@ def _epoch(make_updater, n_examples, batch_size, devices_form=None):
                     updater.update()
                 except StopIteration:
                     break
-            reports.append({key: float(chainer.as_array(value))
+            reports.append({key: chainer.as_array(value).item()
                             for key, value in observation.items()})
     finally:
         updater.finalize()
@@ -63,6 +64,16 @@ def test_a_short_last_batch_trains_as_standard_updater(
     expected = _epoch(updaters.StandardUpdater, n_examples, batch_size)
     actual = _epoch(equivalence.cgdp(n, workers=workers), n_examples,
                     batch_size)
+    _assert_same_epoch(expected, actual)
+
+
+def test_a_short_last_batch_trains_through_the_gpu_path():
+    # The stand-in of CuPy's copies: shares staged for the device (a share
+    # without examples stages nothing), gradients copied per chunk.
+    expected = _epoch(updaters.StandardUpdater, 65, 32)
+    actual = _epoch(equivalence.cgdp(
+        2, workers='thread', chunk_size=1,
+        device_copies=cuda_standin.HostDeviceCopies), 65, 32)
     _assert_same_epoch(expected, actual)
 
 
