@@ -78,12 +78,14 @@ def device_iterators(iterator, n_devices):
 
 def check_batch_size(iterator, n_devices):
     """Raises ValueError where the iterator's batch (when it tells its
-    size) is too small to give every device an example."""
+    size) is too small to give every device an example (the first batch
+    must, see :func:`check_first_batch`)."""
     batch_size = getattr(iterator, 'batch_size', None)
     if batch_size is not None and batch_size < n_devices:
         raise ValueError(
             'batch size {} is smaller than the number of devices ({}): '
-            'every device needs at least one example'.format(
+            'every device needs at least one example (only a last, '
+            'shorter batch may leave one without)'.format(
                 batch_size, n_devices))
 
 
