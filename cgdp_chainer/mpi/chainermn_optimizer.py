@@ -12,9 +12,9 @@ by chunk; it never calls the optimizer's ``update()``. So:
   the host. With ``reduction='mean'`` the gradient is the mean over the
   global batch, which is what ChainerMN's average over ranks of per-rank
   means gives (equal per-rank batches). The updater's first ``update()``
-  is the optimizer's first (:class:`FirstUpdate`): the loss and its
-  backward on the rank's batch, rank 0's weights to every rank, and no
-  step, as ChainerMN's;
+  is the optimizer's first (:class:`BroadcastingFirstUpdate`): the loss
+  and its backward on the rank's batch, rank 0's weights to every rank,
+  and no step, as ChainerMN's;
 * ChainerMN's double-buffering optimizer (``double_buffering=True``) is
   refused: it updates with the previous iteration's gradients, which CGDP
   does not reproduce, and the overlap it buys is what CGDP's per-chunk
@@ -74,7 +74,7 @@ def host_optimizer_and_comm(optimizer, mpi_comm):
     return optimizer, comm
 
 
-class FirstUpdate(object):
+class BroadcastingFirstUpdate(object):
     """The first ``update()`` of a multi-node optimizer, for
     ``CGDPUpdater`` given one.
 
@@ -114,12 +114,12 @@ class FirstUpdate(object):
         broadcast_parameters(self._comm, model)
 
 
-def first_update(optimizer, comm):
-    """A :class:`FirstUpdate` where ``optimizer`` (as given to
+def broadcasting_first_update(optimizer, comm):
+    """A :class:`BroadcastingFirstUpdate` where ``optimizer`` (as given to
     ``CGDPUpdater``) is a multi-node optimizer, else None."""
     if _is_multi_node_optimizer(optimizer) or \
             _is_cgdp_multi_node_optimizer(optimizer):
-        return FirstUpdate(optimizer, comm)
+        return BroadcastingFirstUpdate(optimizer, comm)
     return None
 
 

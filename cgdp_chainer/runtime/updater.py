@@ -184,7 +184,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         optimizer, self._mpi_comm = mpi.host_optimizer_and_comm(
             optimizer, mpi_comm)
         # A multi-node optimizer's first update() broadcasts instead.
-        self._first_update = mpi.first_update(given, self._mpi_comm)
+        self._broadcast_first = mpi.broadcasting_first_update(
+            given, self._mpi_comm)
         self._optimizers['main'] = optimizer
         if loss_scale is not None:
             optimizer.set_loss_scale(loss_scale)  # the one CGDP runs
@@ -380,9 +381,9 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         whole batch's values and settle the chunking."""
         if self._device_view is not None:
             self._device_view.restore()  # after an evaluation that raised
-        first_update, self._first_update = self._first_update, None
-        if first_update is not None and first_update.due():
-            self._broadcast_instead(first_update)
+        broadcast, self._broadcast_first = self._broadcast_first, None
+        if broadcast is not None and broadcast.due():
+            self._broadcast_instead(broadcast)
             return
         if self._replicas is not None:
             self._take_user_edits(edited)
@@ -419,17 +420,18 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         if self.auto_new_epoch and self.get_iterator('main').is_new_epoch:
             self.get_optimizer('main').new_epoch(auto=True)
 
-    def _broadcast_instead(self, first_update):
+    def _broadcast_instead(self, broadcast):
         """A multi-node optimizer's first update(), as ChainerMN's: the
         master's forward and backward on the batch (reporting as
         StandardUpdater does), rank 0's weights to every rank, no step
-        (see :class:`~cgdp_chainer.mpi.chainermn_optimizer.FirstUpdate`)."""
+        (see :class:`~cgdp_chainer.mpi.chainermn_optimizer.
+        BroadcastingFirstUpdate`)."""
         batch = self._next_batches()
         optimizer = self.get_optimizer('main')
         with static_graph_models.define_by_run():
             loss = shared.call_with(self.loss_func or optimizer.target,
                                     batch.whole_inputs)
-            first_update.run(optimizer.target, loss, optimizer._loss_scale)
+            broadcast.run(optimizer.target, loss, optimizer._loss_scale)
         self._new_epoch_if_due()
 
     def _confirm_reduction(self, batch):

@@ -4,9 +4,9 @@ Run: mpiexec -n 2 python tests/mpi_scripts/short_batches.py
 Each rank trains an epoch without repeat on its 33 examples at batch 16
 (its third batch holds 1 example for its 2 replicas), with CGDPUpdater:
 
-* given ChainerMN's multi-node optimizer (thread workers), against
-  ChainerMN's own ``StandardUpdater`` with it (one device per rank; both
-  spend their first update() on the broadcast);
+* given ChainerMN's multi-node optimizer, or CGDP's own (thread workers),
+  against ChainerMN's own ``StandardUpdater`` with ChainerMN's (one device
+  per rank; all spend their first update() on the broadcast);
 * given ``mpi_comm=`` (process workers), against ChainerMN's baseline
   (``make_chainermn_updater``, which broadcasts before training).
 
@@ -66,13 +66,20 @@ def main():
         def multi_node(optimizer):
             return chainermn.create_multi_node_optimizer(optimizer, comm)
 
+        chainermn_run = train(
+            comm, lambda iterator, optimizer:
+            chainer.training.updaters.StandardUpdater(
+                iterator, multi_node(optimizer)))
         check_same(
             train(comm, lambda iterator, optimizer: cgdp_chainer.CGDPUpdater(
                 iterator, multi_node(optimizer), ['@numpy'] * 2,
-                workers='thread')),
-            train(comm, lambda iterator, optimizer:
-                  chainer.training.updaters.StandardUpdater(
-                      iterator, multi_node(optimizer))))
+                workers='thread')), chainermn_run)
+        # CGDP's own optimizer form given to the updater: the same.
+        check_same(
+            train(comm, lambda iterator, optimizer: cgdp_chainer.CGDPUpdater(
+                iterator, cgdp_chainer.create_multi_node_optimizer(
+                    optimizer, world), ['@numpy'] * 2, workers='thread')),
+            chainermn_run)
         check_same(
             train(comm, lambda iterator, optimizer: cgdp_chainer.CGDPUpdater(
                 iterator, optimizer, ['@numpy'] * 2, mpi_comm=world,
