@@ -28,7 +28,8 @@ BATCH_NORMALIZING_LINKS = (L.BatchNormalization,
 
 def batch_normalizing_links(model):
     """The paths of ``model``'s links that normalize over the batch in
-    training mode (see the module's docstring), in registration order."""
+    training mode (see the module's docstring), as ``namedlinks()`` lists
+    them."""
     return [path or '/' for path, link in model.namedlinks()
             if isinstance(link, BATCH_NORMALIZING_LINKS)]
 
@@ -49,11 +50,6 @@ class BatchStatisticsNotice(object):
             else []
         self._n_replicas = n_replicas
         self._who = who
-
-    @property
-    def pending(self):
-        """Whether the notice is still to be said."""
-        return bool(self._links)
 
     def check(self, here=True):
         """Warns (:class:`BatchStatisticsWarning`) if pending and
