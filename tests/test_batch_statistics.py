@@ -50,8 +50,8 @@ def test_a_batch_normalization_model_on_several_replicas_hears_it_once():
     said = _notices(L.Classifier(Normalized(L.BatchNormalization(5))),
                     ['@numpy'] * 2)
     assert len(said) == 1, said
-    assert '/predictor/norm normalizes over the batch' in said[0]
-    assert 'each of the 2 replicas normalizes over its own share' in said[0]
+    assert 'each of the 2 replicas normalizes /predictor/norm over its ' \
+        'own share of the batch' in said[0]
     assert 'MultiNodeBatchNormalization' in said[0]
 
 

@@ -66,15 +66,12 @@ class BatchStatisticsNotice(object):
             return
         links, self._links = self._links, []
         warnings.warn(
-            '{}: {} {} over the batch in training mode; each of the {} '
-            'replicas normalizes over its own share (and the running '
-            "statistics follow replica 0's), as ParallelUpdater and "
-            "ChainerMN do, not over the whole batch as StandardUpdater. "
-            'For the whole batch: one device per rank with '
-            'cgdp_chainer.create_multi_node_optimizer and '
-            'chainermn.links.MultiNodeBatchNormalization'.format(
-                self._who, ', '.join(links[:3]) + (
+            '{}: each of the {} replicas normalizes {} over its own share '
+            'of the batch, as ParallelUpdater and ChainerMN do (not over '
+            'the whole batch, as StandardUpdater); whole-batch statistics: '
+            'chainermn.links.MultiNodeBatchNormalization under '
+            'cgdp_chainer.create_multi_node_optimizer'.format(
+                self._who, self._n_replicas, ', '.join(links[:3]) + (
                     ' and {} more'.format(len(links) - 3)
-                    if len(links) > 3 else ''),
-                'normalizes' if len(links) == 1 else 'normalize',
-                self._n_replicas), BatchStatisticsWarning, stacklevel=2)
+                    if len(links) > 3 else '')),
+            BatchStatisticsWarning, stacklevel=2)
