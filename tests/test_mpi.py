@@ -376,8 +376,10 @@ def test_multi_node_grads_and_dynamic_loss_scaling_equal_one_process(
 
 @pytest.mark.mpi
 def test_a_last_batch_shorter_than_the_replicas_trains_as_chainermn(mpiexec):
-    # Each rank's third batch holds 1 example for its 2 replicas; both the
-    # multi-node optimizer form and mpi_comm= equal ChainerMN's run.
+    # Each rank's third batch holds 1 example for its 2 replicas; the
+    # updater given a multi-node optimizer (ChainerMN's or CGDP's) and
+    # given mpi_comm= equal ChainerMN's run; the optimizer form with last
+    # local batches of 1 and 9 examples equals ChainerMN's optimizer.
     assert_ok(run_mpi('short_batches.py', timeout=120), 'short-batches')
 
 

@@ -11,7 +11,9 @@ Each rank trains an epoch without repeat on its 33 examples at batch 16
   (``make_chainermn_updater``, which broadcasts before training).
 
 Each rank checks its parameters and every iteration's reported values
-against the reference's.
+against the reference's. Then ``cgdp_chainer.create_multi_node_optimizer``
+against ChainerMN's where the ranks' last local batches differ (1 example
+and 9): the mean over the ranks of each rank's mean, as ChainerMN's.
 """
 import _common  # first: it imports cgdp_chainer, whose compat module
 from _common import cgdp_mpi  # must run before Chainer is imported
@@ -59,6 +61,26 @@ def check_same(ours, theirs):
                 err_msg='{} at iteration {}'.format(key, iteration + 1))
 
 
+def optimizer_form(comm, create_multi_node_optimizer):
+    """The optimizer form over the ranks' batches of 16, 16 and then 1 on
+    rank 0, 9 on rank 1: the model and its losses."""
+    model = _common.staged_mlp(seed=comm.rank)
+    optimizer = create_multi_node_optimizer(
+        chainer.optimizers.MomentumSGD(lr=0.1), comm)
+    optimizer.setup(model)
+    data = _common.numbered_dataset(2 * PER_RANK, 6, 3, seed=5)
+    shard = data[comm.rank * PER_RANK:(comm.rank + 1) * PER_RANK]
+    ends = [0, BATCH, 2 * BATCH, 2 * BATCH + (1 if comm.rank == 0 else 9)]
+    losses = []
+    for start, end in zip(ends, ends[1:]):
+        optimizer.update(model, *chainer.dataset.concat_examples(
+            shard[start:end]))
+        losses.append(float(model.loss.array))
+    if hasattr(optimizer, 'close'):
+        optimizer.close()
+    return model, losses
+
+
 def main():
     world = _common.start_mpi()
     comm = chainermn.create_communicator('naive', mpi_comm=world)
@@ -87,6 +109,13 @@ def main():
             train(comm, lambda iterator, optimizer:
                   cgdp_mpi.make_chainermn_updater(iterator, optimizer, comm,
                                                   '@numpy')))
+        # Local batches of different sizes: the mean over the ranks of
+        # each rank's mean, as ChainerMN's (ranks weigh alike).
+        ours = optimizer_form(comm, cgdp_chainer.create_multi_node_optimizer)
+        theirs = optimizer_form(comm, chainermn.create_multi_node_optimizer)
+        _common.assert_same_parameters(ours[0], theirs[0], rtol=1e-5,
+                                       atol=1e-6)
+        numpy.testing.assert_allclose(ours[1], theirs[1], rtol=1e-5)
         _common.report_ok(world, 'short-batches')
 
 
