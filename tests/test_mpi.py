@@ -375,6 +375,22 @@ def test_multi_node_grads_and_dynamic_loss_scaling_equal_one_process(
 
 
 @pytest.mark.mpi
+def test_a_last_batch_shorter_than_the_replicas_trains_as_chainermn(mpiexec):
+    # Each rank's third batch holds 1 example for its 2 replicas; the
+    # updater given a multi-node optimizer (ChainerMN's or CGDP's) and
+    # given mpi_comm= equal ChainerMN's run; the optimizer form with last
+    # local batches of 1 and 9 examples equals ChainerMN's optimizer.
+    assert_ok(run_mpi('short_batches.py', timeout=120), 'short-batches')
+
+
+@pytest.mark.mpi
+def test_multi_node_batch_normalization_trains_under_the_optimizer_form(
+        mpiexec):
+    # The whole batch's statistics that BatchStatisticsWarning points to.
+    assert_ok(run_mpi('multi_node_batch_normalization.py'), 'multi-node-bn')
+
+
+@pytest.mark.mpi
 def test_a_chainermn_script_switched_to_cgdp_trains_one_model(mpiexec,
                                                               tmp_path):
     # The script checks that both ranks end with identical parameters,

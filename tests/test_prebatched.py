@@ -111,7 +111,7 @@ def test_split_converted_keeps_the_containers():
     (numpy.array([numpy.zeros(2), None], dtype=object),
      'the output is an array of objects'),
     ((1, 'a'), 'the output holds no array'),
-    (numpy.zeros(1), 'holds 1 examples'),
+    (numpy.zeros(0), 'holds no example'),
 ])
 def test_unsplittable_outputs_are_refused_naming_the_part(converted, words):
     with pytest.raises(ValueError, match='cannot split|fewer than') as info:

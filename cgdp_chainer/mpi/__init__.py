@@ -39,8 +39,9 @@ concern:
   path unlinks, since no rank finalizes after ``MPI_Abort``.
 * ``chainermn_optimizer``: :func:`host_optimizer_and_comm`, how
   ``CGDPUpdater`` takes a ChainerMN multi-node optimizer (it trains across
-  that optimizer's communicator) and refuses other optimizers whose
-  ``update()`` it would bypass.
+  that optimizer's communicator; :func:`broadcasting_first_update`: its
+  first ``update()`` broadcasts, as ChainerMN's) and refuses other
+  optimizers whose ``update()`` it would bypass.
 * ``host_staged``: :func:`create_host_staged_communicator`, ChainerMN's
   naive communicator with its GPU arrays staged through host memory, for
   ChainerMN's reference runs on GPUs where MPI is not CUDA-aware (CGDP's
@@ -57,6 +58,8 @@ from cgdp_chainer.mpi.allreduce import SUPPORTED_DTYPES  # NOQA
 from cgdp_chainer.mpi.chainermn_baseline import make_chainermn_updater  # NOQA
 from cgdp_chainer.mpi.chainermn_optimizer import (  # NOQA
     host_optimizer_and_comm)
+from cgdp_chainer.mpi.chainermn_optimizer import (  # NOQA
+    broadcasting_first_update)
 from cgdp_chainer.mpi.chainermn_optimizer import refuse_bypassed_update  # NOQA
 from cgdp_chainer.mpi.chainermn_optimizer import SeparateModelsWarning  # NOQA
 from cgdp_chainer.mpi.consistency import broadcast_parameters  # NOQA

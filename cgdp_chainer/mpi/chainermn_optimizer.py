@@ -11,9 +11,10 @@ by chunk; it never calls the optimizer's ``update()``. So:
   communicator (as with ``mpi_comm=``), running the wrapped optimizer on
   the host. With ``reduction='mean'`` the gradient is the mean over the
   global batch, which is what ChainerMN's average over ranks of per-rank
-  means gives (equal per-rank batches). ChainerMN's optimizer spends its
-  first ``update()`` on broadcasting rank 0's weights; CGDP broadcasts them
-  at start-up instead and updates from the first iteration;
+  means gives (equal per-rank batches). The updater's first ``update()``
+  is the optimizer's first (:class:`BroadcastingFirstUpdate`): the loss
+  and its backward on the rank's batch, rank 0's weights to every rank,
+  and no step, as ChainerMN's;
 * ChainerMN's double-buffering optimizer (``double_buffering=True``) is
   refused: it updates with the previous iteration's gradients, which CGDP
   does not reproduce, and the overlap it buys is what CGDP's per-chunk
@@ -71,6 +72,55 @@ def host_optimizer_and_comm(optimizer, mpi_comm):
     if comm is None:
         _warn_if_ranks_train_apart()
     return optimizer, comm
+
+
+class BroadcastingFirstUpdate(object):
+    """The first ``update()`` of a multi-node optimizer, for
+    ``CGDPUpdater`` given one.
+
+    ChainerMN's ``_MultiNodeOptimizer.update`` computes the loss and its
+    backward on the rank's batch, then, finding the model's parameters new
+    to it (``is_changed``), broadcasts rank 0's weights instead of the
+    update: ``optimizer.t`` stays 0, the iteration's reported loss is that
+    of the rank's own weights. The updater's first ``update()`` does the
+    same, so that a switched script's parameters, log and snapshots are
+    ChainerMN's (CGDP's own optimizer form does it too).
+
+    Args:
+        optimizer: The multi-node optimizer given to the updater.
+        comm: The ``mpi4py.MPI.Comm`` the updater trains over.
+    """
+
+    def __init__(self, optimizer, comm):
+        self._optimizer = optimizer
+        self._comm = comm
+
+    def due(self):
+        """Whether the optimizer's next ``update()`` would broadcast rather
+        than update: ChainerMN's own test (which records the parameters, as
+        its ``update()`` does), or, for CGDP's optimizer form, not started.
+        Asked once, at the updater's first ``update()``."""
+        if _is_multi_node_optimizer(self._optimizer):
+            return self._optimizer.is_changed(self._optimizer.target)
+        return self._optimizer.chunk_plan is None
+
+    def run(self, model, loss, loss_scale):
+        """The backward of ``loss`` (the model's forward on the rank's
+        batch), then rank 0's weights to every rank, as ChainerMN's first
+        ``update()``."""
+        model.cleargrads()
+        loss.backward(loss_scale=loss_scale)
+        from cgdp_chainer.mpi.consistency import broadcast_parameters
+        broadcast_parameters(self._comm, model)
+
+
+def broadcasting_first_update(optimizer, comm):
+    """A :class:`BroadcastingFirstUpdate` where ``optimizer`` (as given to
+    ``CGDPUpdater``) is a multi-node optimizer, else None."""
+    if _is_multi_node_optimizer(optimizer) or \
+            _is_cgdp_multi_node_optimizer(optimizer):
+        return BroadcastingFirstUpdate(optimizer, comm)
+    return None
 
 
 def _chainermn_optimizer_classes():

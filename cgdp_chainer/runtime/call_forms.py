@@ -95,13 +95,29 @@ def device_iterators(iterator, n_devices):
 
 def check_batch_size(iterator, n_devices):
     """Raises ValueError where the iterator's batch (when it tells its
-    size) is too small to give every device an example."""
+    size) is too small to give every device an example (the first batch
+    must, see :func:`check_first_batch`)."""
     batch_size = getattr(iterator, 'batch_size', None)
     if batch_size is not None and batch_size < n_devices:
         raise ValueError(
             'batch size {} is smaller than the number of devices ({}): '
-            'every device needs at least one example'.format(
+            'every device needs at least one example (only a last, '
+            'shorter batch may leave one without)'.format(
                 batch_size, n_devices))
+
+
+def check_first_batch(counts):
+    """Raises ValueError where the first batch leaves a device without an
+    example: its iteration learns the model's graph (the chunks, the
+    parameters used outside their link) from every replica. A later batch
+    may be shorter (see :mod:`~cgdp_chainer.runtime.input.batches`)."""
+    if 0 in counts:
+        raise ValueError(
+            'the first batch has {} examples, fewer than the {} devices; '
+            'the first iteration learns the graph on every device: give a '
+            'first batch of at least {} examples (later ones may be '
+            'shorter) or fewer devices'.format(
+                sum(counts), len(counts), len(counts)))
 
 
 def iterator_names(iterators):

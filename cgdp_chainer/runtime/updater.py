@@ -16,6 +16,7 @@ from cgdp_chainer import log
 from cgdp_chainer.runtime.workers import channels
 from cgdp_chainer.runtime.chunks import chunk_choice
 from cgdp_chainer.runtime.chunks import chunking
+from cgdp_chainer.runtime.replica import batch_statistics
 from cgdp_chainer.runtime.replica import device_view
 from cgdp_chainer.runtime.input import input_path
 from cgdp_chainer.runtime.host import master as master_module
@@ -122,7 +123,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             summed across ranks (one process per node), see
             :mod:`cgdp_chainer.mpi`. An optimizer made by ChainerMN's
             ``create_multi_node_optimizer(optimizer, comm)`` does the same
-            over ``comm`` (CGDP then runs ``optimizer`` on the host).
+            over ``comm`` (CGDP then runs ``optimizer`` on the host; the
+            first ``update()`` broadcasts, as ChainerMN's).
         auto_new_epoch (bool): As in ``StandardUpdater``.
         workers (str): ``'process'`` or ``'thread'``.
         start_method (str): How worker processes start: ``'spawn'`` or
@@ -183,8 +185,12 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         # A ChainerMN multi-node optimizer trains across its communicator:
         # CGDP runs the optimizer it wraps (see cgdp_chainer.mpi).
         from cgdp_chainer import mpi
+        given = optimizer
         optimizer, self._mpi_comm = mpi.host_optimizer_and_comm(
             optimizer, mpi_comm)
+        # A multi-node optimizer's first update() broadcasts instead.
+        self._broadcast_first = mpi.broadcasting_first_update(
+            given, self._mpi_comm)
         self._optimizers['main'] = optimizer
         if loss_scale is not None:
             optimizer.set_loss_scale(loss_scale)  # the one CGDP runs
@@ -193,6 +199,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         self._update_patience = None if self._mpi_comm is None else \
             mpi.update_counts.patience_seconds()
         channels.check_replicable(master, loss_func, workers)
+        self._batch_statistics = batch_statistics.BatchStatisticsNotice(
+            master, len(self._devices), 'CGDPUpdater')
         # Said at the first update, once per run (on rank 0 under MPI).
         self._static_graph_methods = static_graph_models.decorated_methods(
             master, loss_func)
@@ -378,6 +386,10 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         whole batch's values and settle the chunking."""
         if self._device_view is not None:
             self._device_view.restore()  # after an evaluation that raised
+        broadcast, self._broadcast_first = self._broadcast_first, None
+        if broadcast is not None and broadcast.due():
+            self._broadcast_instead(broadcast)
+            return
         if self._replicas is not None:
             self._take_user_edits(edited)
         elif self.workers == 'process' and self._launched is None:
@@ -395,6 +407,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                 first_reports = self._start(batch)
         elif self._reduction_finder is not None:
             self._confirm_reduction(batch)
+        self._batch_statistics.check(
+            here=self._allreducer is None or self._allreducer.rank == 0)
         self._input_path.read_ahead()
         forming = self._plan is None
         results, seconds = self._run_replicas(batch, forming, in_loop,
@@ -405,8 +419,25 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         self._report([observations.settled(r.observation) for r in results],
                      batch.counts, first_reports)
         self._settle_chunking(results, forming, seconds)
+        self._new_epoch_if_due()
+
+    def _new_epoch_if_due(self):
         if self.auto_new_epoch and self.get_iterator('main').is_new_epoch:
             self.get_optimizer('main').new_epoch(auto=True)
+
+    def _broadcast_instead(self, broadcast):
+        """A multi-node optimizer's first update(), as ChainerMN's: the
+        master's forward and backward on the batch (reporting as
+        StandardUpdater does), rank 0's weights to every rank, no step
+        (see :class:`~cgdp_chainer.mpi.chainermn_optimizer.
+        BroadcastingFirstUpdate`)."""
+        batch = self._next_batches()
+        optimizer = self.get_optimizer('main')
+        with static_graph_models.define_by_run():
+            loss = shared.call_with(self.loss_func or optimizer.target,
+                                    batch.whole_inputs)
+            broadcast.run(optimizer.target, loss, optimizer._loss_scale)
+        self._new_epoch_if_due()
 
     def _confirm_reduction(self, batch):
         """Compares the batch's loss with its shares' before its update,
@@ -653,6 +684,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             dict: Values with their graphs to report for the first iteration
             (from the master's forward on the whole batch), or None.
         """
+        call_forms.check_first_batch(batch.counts)
         optimizer = self.get_optimizer('main')
         master = optimizer.target
         first_reports = None

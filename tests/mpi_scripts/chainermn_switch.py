@@ -12,7 +12,10 @@ with ChainerMN's own ``StandardUpdater``. Then:
   optimizer made CGDP sum over the ranks), equal (rtol 1e-5) to the
   ChainerMN run's;
 * both runs' multi-node evaluators report the same validation loss;
-* the updater's optimizer is the wrapped one, updated once per iteration;
+* the updater's optimizer is the wrapped one; its first update() is
+  ChainerMN's (the loss on the rank's own weights, reported; rank 0's
+  weights broadcast; no step), so ``optimizer.t`` and the first
+  iteration's reported loss equal ChainerMN's run;
 * ``mpi_comm=`` with the multi-node optimizer is accepted when it is the
   optimizer's communicator (or a duplicate), refused when it holds other
   ranks.
@@ -23,11 +26,8 @@ summation order (two replicas, then two ranks, against one device per
 rank) can move such an element by more than rtol 1e-5 allows.
 
 The ranks build their models from different seeds: both runs start from
-rank 0's weights only through their broadcast. ChainerMN's optimizer
-spends its first update() on that broadcast; CGDP broadcasts at start-up
-and updates from the first iteration, so the reference broadcasts before
-training (as cgdp_chainer.mpi.make_chainermn_updater does) to train on the
-same batches.
+rank 0's weights only through the multi-node optimizer's first update(),
+which broadcasts them instead of updating.
 """
 import os
 import sys
@@ -108,8 +108,7 @@ def train(comm, shards, out, make_updater):
     evaluator = chainermn.create_multi_node_evaluator(evaluator, comm)
     trainer.extend(evaluator, trigger=(EVALUATE_EVERY, 'iteration'))
     if comm.rank == 0:
-        trainer.extend(extensions.LogReport(
-            trigger=(EVALUATE_EVERY, 'iteration')))
+        trainer.extend(extensions.LogReport(trigger=(1, 'iteration')))
     trainer.run()
     return model, updater, trainer
 
@@ -120,16 +119,13 @@ def cgdp_updater(train_iter, optimizer, model):
 
 
 def chainermn_updater(train_iter, optimizer, model):
-    # The example's line, with the start-up broadcast done first (see the
-    # module's docstring).
-    optimizer.communicator.bcast_data(model)
-    optimizer.is_changed(model)
+    # The example's line.
     return training.StandardUpdater(train_iter, optimizer, device=-1)
 
 
-def validation_losses(trainer):
+def logged(trainer, key):
     log = trainer.get_extension('LogReport').log
-    return [entry['validation/main/loss'] for entry in log]
+    return [entry[key] for entry in log if key in entry]
 
 
 def check_ranks_agree(comm, model):
@@ -178,19 +174,27 @@ def main():
             comm, shards, os.path.join(out, 'cgdp'), cgdp_updater)
         assert type(updater.get_optimizer('main')) is \
             chainer.optimizers.MomentumSGD, updater.get_optimizer('main')
-        assert updater.get_optimizer('main').t == ITERATIONS
         check_ranks_agree(comm, cgdp_model)
-        reference, _, reference_trainer = train(
+        reference, reference_updater, reference_trainer = train(
             comm, shards, os.path.join(out, 'chainermn'), chainermn_updater)
+        # The first update() broadcast rank 0's weights instead of a step.
+        assert updater.get_optimizer('main').t == ITERATIONS - 1 == \
+            reference_updater.get_optimizer('main').t, (
+                updater.get_optimizer('main').t,
+                reference_updater.get_optimizer('main').t)
         _common.assert_same_parameters(cgdp_model, reference, rtol=1e-5)
         check_mpi_comm_must_match(comm, shards)
         lines = []
         if comm.rank == 0:
-            losses = validation_losses(cgdp_trainer)
-            assert len(losses) == ITERATIONS // EVALUATE_EVERY, losses
-            numpy.testing.assert_allclose(
-                losses, validation_losses(reference_trainer), rtol=1e-5)
-            lines.append('validation losses {}'.format(losses))
+            for key, count in (('validation/main/loss',
+                                ITERATIONS // EVALUATE_EVERY),
+                               ('main/loss', ITERATIONS)):
+                values = logged(cgdp_trainer, key)
+                assert len(values) == count, (key, values)
+                numpy.testing.assert_allclose(
+                    values, logged(reference_trainer, key), rtol=1e-5,
+                    err_msg=key)
+                lines.append('{} {}'.format(key, values))
         _common.report_ok(comm.mpi_comm, 'chainermn-switch', lines)
 
 

@@ -11,6 +11,11 @@ converted whole on the host, then every array of the converter's output is
 split along its first axis, which must be the examples' axis of them all:
 device ``i`` gets a contiguous run of that axis, its share of the examples
 being its fraction of it.
+
+A batch with fewer examples than devices (the last of an epoch without
+repeat) trains as ``StandardUpdater`` trains it: a device whose share holds
+no example gets ``None`` for its share (converters refuse an empty batch),
+runs no forward and hands over zero gradients with a weight of 0.
 """
 import numpy
 
@@ -78,8 +83,14 @@ def is_list_of_examples(batch):
     return isinstance(batch, list)
 
 
+def convert_share(convert, share):
+    """``convert(share)``, or None for a share without examples (see the
+    module's docstring)."""
+    return convert(share) if len(share) else None
+
+
 def _one_by_one(convert):
-    return lambda shares: [convert(share) for share in shares]
+    return lambda shares: [convert_share(convert, share) for share in shares]
 
 
 def from_iterator_batch(batch, n, convert, convert_shares=None):
@@ -97,15 +108,12 @@ def from_iterator_batch(batch, n, convert, convert_shares=None):
         Batch: The devices' shares.
 
     Raises:
-        ValueError: Fewer examples than devices, or a pre-batched batch
-            whose converted arrays cannot be split (see
-            :func:`split_converted`).
+        ValueError: An empty batch, or a pre-batched batch whose converted
+            arrays cannot be split (see :func:`split_converted`).
     """
     if is_list_of_examples(batch):
-        if len(batch) < n:
-            raise ValueError(
-                'the batch has {} examples, fewer than the {} '
-                'devices'.format(len(batch), n))
+        if not batch:
+            raise ValueError('the iterator gave an empty batch')
         convert_shares = convert_shares or _one_by_one(convert)
         return Batch([len(batch[i::n]) for i in range(n)],
                      lambda: convert_shares([batch[i::n] for i in range(n)]),
@@ -264,24 +272,25 @@ def split_converted(converted, n, form):
 
     Returns:
         tuple: ``(shares, counts)``: each device's output, in the same
-        containers, and its number of examples.
+        containers (None for a device without examples), and its number of
+        examples.
 
     Raises:
-        ValueError: See :func:`examples_axis`; or fewer examples than
-            devices.
+        ValueError: See :func:`examples_axis`; or no example at all.
     """
     length = examples_axis(converted, form)
-    if length < n:
+    if length == 0:
         raise ValueError(
-            '{} holds {} examples along the first axis of its arrays, fewer '
-            'than the {} devices'.format(form, length, n))
+            'cannot split {} over the devices: it holds no example along '
+            'the first axis of its arrays'.format(form))
     counts = [length // n + (1 if i < length % n else 0) for i in range(n)]
     structure, arrays = shared.flatten_inputs(converted)
     shares = []
     start = 0
     for count in counts:
         shares.append(shared.unflatten_inputs(
-            structure, [array[start:start + count] for array in arrays]))
+            structure, [array[start:start + count] for array in arrays])
+            if count else None)
         start += count
     return shares, counts
 

@@ -90,7 +90,9 @@ class ShareConverter(object):
         self._stagers = list(stagers)
 
     def _convert_share(self, index, share):
-        converted = self.convert(share)
+        converted = batches_module.convert_share(self.convert, share)
+        if converted is None:
+            return None  # a share without examples (a short batch)
         stage = self._stagers[index] if index < len(self._stagers) else None
         return converted if stage is None else stage(converted)
 

@@ -164,11 +164,14 @@ class ReductionFinder(object):
 
     def _split(self, batch):
         """The shares to compare: the devices', or two halves of the batch
-        on one device (None: one example on one device)."""
-        if self._n_devices >= 2:
+        on one device or where fewer than two devices hold examples (None:
+        a batch of one example)."""
+        held = [(part, count) for part, count in
+                zip(batch.inputs, batch.counts) if count]
+        if self._n_devices >= 2 and len(held) >= 2:
             # A GPU replica's share read ahead is staged for its device.
-            return ([input_staging.host_side(part) for part in batch.inputs],
-                    batch.counts)
+            return ([input_staging.host_side(part) for part, _ in held],
+                    [count for _, count in held])
         return batch.split(2)
 
     def _probe(self, batch, parts, counts):

@@ -309,6 +309,13 @@ class ReplicaWorker(object):
         return report
 
     def _loss(self, in_arrays):
+        if in_arrays is None:
+            # A share without examples (a batch shorter than the replicas):
+            # no forward, so nothing reported; a loss without a graph hands
+            # every parameter over unused (zeros, weighed 0 in 'mean').
+            with chainer.using_device(self.device):
+                return chainer.Variable(
+                    self.device.xp.zeros((), numpy.float32))
         loss = shared.call_with(self.loss_func or self.replica, in_arrays)
         if not isinstance(loss, chainer.Variable):
             raise ValueError(
