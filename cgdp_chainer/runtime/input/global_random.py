@@ -7,8 +7,15 @@ A batch read ahead from copies of the states taken where
 caller's states since; :class:`RandomStates` tells that (comparing whole
 states: a draw of any kind moves the Mersenne Twister's position or its
 key).
+
+A batch read ahead in a thread of the caller's process would draw, if its
+dataset draws, from the caller's own states, at another time than
+``StandardUpdater``'s: :class:`DrawRefusal` stops any such draw before it
+is made, so that the thread's read is dropped and the batch drawn anew on
+the caller.
 """
 import random
+import sys
 
 import chainer
 import numpy
@@ -56,6 +63,60 @@ class GlobalRandomWatch(object):
 
     def __exit__(self, *exc):
         self.drew = not self._before.are_current()
+        return False
+
+
+class GlobalDrawRefused(BaseException):
+    """Raised in a read guarded by :class:`DrawRefusal` in place of a draw
+    from NumPy's or Python's global random state. A ``BaseException``: a
+    dataset's ``except Exception`` does not swallow it and draw on."""
+
+
+def _global_generators():
+    """The objects whose methods NumPy's and Python's global random
+    functions are (``numpy.random.rand`` is a method of NumPy's global
+    ``RandomState``, ``random.random`` one of Python's ``Random``)."""
+    return (numpy.random.random.__self__, random.random.__self__)
+
+
+class DrawRefusal(object):
+    """Refuses, in the current thread for a block, every call from Python
+    code to a method of NumPy's or Python's global random generator (a
+    draw, a seed, a state read alike): the call raises
+    :class:`GlobalDrawRefused` before it runs, so that the caller's states
+    stay as they were.
+
+    It watches with a profile function of the thread (``sys.setprofile``,
+    which sees each call of a C function from Python code): a draw that C
+    code makes on the global generators without going through Python is
+    not seen.
+
+    Attributes:
+        refused (str or None): The first refused call's name, else None
+            (also where the block swallowed the error).
+    """
+
+    def __init__(self):
+        self.refused = None
+        self._generators = _global_generators()
+        self._before = None
+
+    def _profile(self, frame, event, arg):
+        if event == 'c_call' and any(
+                getattr(arg, '__self__', None) is generator
+                for generator in self._generators):
+            if self.refused is None:
+                self.refused = getattr(arg, '__name__', repr(arg))
+            raise GlobalDrawRefused(self.refused)
+
+    def __enter__(self):
+        self._before = sys.getprofile()
+        sys.setprofile(self._profile)
+        return self
+
+    def __exit__(self, *exc):
+        # An error in the profile function unsets it: put back what was.
+        sys.setprofile(self._before)
         return False
 
 

@@ -22,7 +22,10 @@ where the step ends an epoch of a ``shuffle=True`` iterator, after its
 shuffle, drawn ahead from them and the caller's states put back. A dataset
 found drawing from NumPy's or Python's global random state while a batch
 is drawn on the caller's thread (the first batch is always drawn there),
-as augmentations do (Chainer's imagenet example, ChainerCV's transforms),
+or while one is read ahead in the background thread (where every such
+call is refused before it draws, by
+:class:`~cgdp_chainer.runtime.input.global_random.DrawRefusal`, and the
+batch drawn anew on the caller), as augmentations do (Chainer's imagenet example, ChainerCV's transforms),
 is read in a reader process from copies of those states
 (:mod:`~cgdp_chainer.runtime.input.reader_process`); its batch is taken
 only if nothing drew on the caller's states since, and the reader's states
@@ -140,6 +143,11 @@ def _refuse_to_sample(order, position):
     raise _WouldSample()
 
 
+class _DrewInBackground(Exception):
+    """A read ahead in the loader thread was refused a draw from the global
+    random states: the batch is drawn anew on the caller."""
+
+
 def _attribute_marks(dataset):
     """What shows that reading ``dataset`` changed it: each attribute's
     identity and, for a list, dict, set or bytearray, its length."""
@@ -227,31 +235,49 @@ class SerialReadAhead(object):
                 iterator._previous_epoch_detail is prepared.previous and (
                     prepared.states is None or
                     prepared.states.are_current()):
-            iterator._previous_epoch_detail = iterator.epoch_detail
-            iterator._state = prepared.next_state
-            # Raises what the dataset or the converter raised, with the
-            # iterator moved as SerialIterator's next() leaves it.
-            examples, shares, states = prepared.future.result()
-            if prepared.states is not None:
-                states.install()
-            self.taken += 1
-            return batches_module.from_read_ahead(
-                prepared.counts, lambda: (examples, shares),
-                self.converter.convert)
+            return self._take(prepared)
         if prepared is not None:
             prepared.future.cancel()
         return self._draw_now()
 
-    def _draw_now(self):
+    def _take(self, prepared):
+        """The batch read ahead, the iterator moved as ``next()`` moves it;
+        drawn now instead where the read was refused a draw."""
+        iterator = self.iterator
+        try:
+            examples, shares, states = prepared.future.result()
+        except _DrewInBackground:
+            # Nothing moved: the refused draw was never made.
+            return self._draw_now(seen_drawing=True)
+        except BaseException:
+            # What the dataset or the converter raised, with the iterator
+            # moved as SerialIterator's next() leaves it.
+            self._move(prepared)
+            raise
+        self._move(prepared)
+        if prepared.states is not None:
+            states.install()
+        self.taken += 1
+        return batches_module.from_read_ahead(
+            prepared.counts, lambda: (examples, shares),
+            self.converter.convert)
+
+    def _move(self, prepared):
+        iterator = self.iterator
+        iterator._previous_epoch_detail = iterator.epoch_detail
+        iterator._state = prepared.next_state
+
+    def _draw_now(self, seen_drawing=False):
         """The batch drawn as StandardUpdater draws it, watching whether the
-        dataset draws from the global random states."""
+        dataset draws from the global random states (``seen_drawing``: a
+        read ahead of it was refused a draw)."""
         sampled = self._would_sample()
         marks = _attribute_marks(self.iterator.dataset)
         with global_random.GlobalRandomWatch() as watch:
             examples = self.iterator.next()
-        if not sampled and self._dataset_draws is not True:
-            self._dataset_draws = watch.drew
-            if watch.drew:
+        if (seen_drawing or not sampled) and self._dataset_draws is not True:
+            self._dataset_draws = watch.drew or seen_drawing
+            if self._dataset_draws:
                 self._choose_reader(
                     marks != _attribute_marks(self.iterator.dataset))
         return batches_module.from_iterator_batch(
@@ -342,8 +368,19 @@ class SerialReadAhead(object):
         """In the loader thread: the examples, in the order StandardUpdater
         reads them (the dataset draws nothing), and each share converted."""
         dataset = self.iterator.dataset
-        return self._converted([dataset[index] for index in indices],
-                               read_from)
+        # The dataset drew nothing so far, but may draw for any example:
+        # a draw here would move the caller's states at another time than
+        # StandardUpdater's, so it is refused and the batch drawn anew.
+        refusal = global_random.DrawRefusal()
+        try:
+            with refusal:
+                examples = [dataset[index] for index in indices]
+        except BaseException:
+            if refusal.refused is None:
+                raise
+        if refusal.refused is not None:  # raised, or swallowed
+            raise _DrewInBackground(refusal.refused)
+        return self._converted(examples, read_from)
 
     def _load_in_reader(self, indices, read_from):
         """In the loader thread: the examples read by the reader process
