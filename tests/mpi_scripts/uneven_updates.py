@@ -1,7 +1,8 @@
 """Ranks that call update() different numbers of times, or late.
 
 Run: mpiexec -n 2 python tests/mpi_scripts/uneven_updates.py
---form optimizer|rank-hosts|updater --case ended|raises|blocked|slow
+--form optimizer|rank-hosts|updater
+--case ended|raises|blocked|slow|ends-first|raises-first|all-end-first
 
 Two ranks train a small classifier through one multi-node form:
 'optimizer' (``cgdp_chainer.create_multi_node_optimizer`` in a custom
@@ -15,6 +16,11 @@ script's own. The case:
 * raises ('updater' only): rank 1's batch of call ``LATE_CALL`` raises
   (inside update(), before its gradients leave), while rank 0 waits in
   that call. Never prints an OK line.
+* ends-first, raises-first: rank 1 builds its optimizer or updater, then
+  its script ends (returns; raises ``ValueError``) before its first
+  update(), while rank 0 calls update(). Never prints an OK line.
+* all-end-first: every rank builds its optimizer or updater and its
+  script ends before any update(): nobody waits, the job ends cleanly.
 * blocked: before its update() call ``LATE_CALL``, rank 1 waits in a
   barrier of its own for ``3 x $CGDP_UPDATE_PATIENCE`` seconds (a thread
   of rank 0 joins it then), while rank 0 waits in that update(). Both end
@@ -45,8 +51,10 @@ def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--form', choices=('optimizer', 'rank-hosts',
                                            'updater'), required=True)
-    parser.add_argument('--case', choices=('ended', 'raises', 'blocked',
-                                           'slow'), required=True)
+    parser.add_argument('--case', choices=(
+        'ended', 'raises', 'blocked', 'slow', 'ends-first', 'raises-first',
+        'all-end-first'),
+        required=True)
     return parser.parse_args()
 
 
@@ -125,6 +133,13 @@ def main():
         training = UpdaterTraining(comm, LATE_CALL if failing else None)
     else:
         training = OptimizerTraining(comm, args.form == 'optimizer')
+    if args.case == 'all-end-first':
+        _common.report_ok(comm, 'uneven-{}-{}'.format(args.form, args.case))
+        return
+    if args.case.endswith('-first') and comm.rank == 1:
+        if args.case == 'raises-first':
+            raise ValueError('rank 1 fails loading its data on purpose')
+        return
     calls = UPDATES - 1 if args.case == 'ended' and comm.rank == 1 \
         else UPDATES
     for call in range(1, calls + 1):
