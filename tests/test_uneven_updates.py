@@ -109,6 +109,21 @@ def test_a_rank_that_ends_before_its_first_update_is_named_at_once(
 
 @pytest.mark.mpi
 @pytest.mark.slow
+def test_a_rank_raising_before_its_first_update_still_aborts_the_job(
+        mpiexec):
+    # Rank 0 waits in a barrier of the script's, where no word reaches it:
+    # rank 1's abort hook, after the patience, ends the job as before.
+    job = run_case('optimizer', 'raises-first-elsewhere')
+    assert job.returncode != 0, job.output
+    assert '[rank 1] ValueError: rank 1 fails loading its data on purpose' \
+        in job.output, job.output
+    assert 'Calling MPI_Abort' in job.output, job.output
+    assert 'Timeout' not in job.output, job.output  # not the watchdog
+    assert job.segments_left == []
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
 def test_ranks_that_all_end_before_their_first_update_end_cleanly(mpiexec):
     # Each rank tells the others that it ended; each hears the others'
     # word, so none waits for an answer, and every rank finalizes.

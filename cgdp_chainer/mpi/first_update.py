@@ -32,7 +32,12 @@ training: nothing waits, and it finalizes), saying after
 ``$CGDP_UPDATE_PATIENCE`` seconds which peers it waits for (one still
 loading its data, say); then it waits for the job's end, which those peers
 bring: a rank that finalizes while a peer it exchanged messages with goes
-on has MPICH's launcher kill that peer, unheard.
+on has MPICH's launcher kill that peer, unheard. Where the hook the gate
+chained is another than Python's (the abort hooks of
+:func:`~cgdp_chainer.mpi.install_abort_hooks`), a rank's uncaught error
+waits for the answers at most the patience, then a grace for the peers to
+print theirs, and the hook ends the job: a peer blocked in a collective of
+the script's never answers, and the job must end all the same.
 
 A rank killed outright (``SIGKILL``, the out-of-memory killer) runs no
 code at its end: its peers learn of it only from the launcher (mpiexec
@@ -105,17 +110,20 @@ class _Gates(object):
             self.comms.append(comm)
 
     def _excepthook(self, exc_type, exc_value, exc_traceback):
-        """Prints this rank's error, tells the peers, waits for the job's
-        end where one waits in its first ``update()``, then hands the error
-        to the hook it replaced (an abort hook ends the job)."""
+        """Tells the peers this rank's error: after Python's hook, which
+        prints it (then waits for the job's end, as at exit); before
+        another, an abort hook that ends the job, for at most the patience
+        (a peer in a collective of the script's never answers), with a
+        grace for the peers that answered to print their own error."""
         previous = self._previous_hook
-        if self._told or self.passed or self.failure is not None:
+        how = _described(exc_value)
+        if previous is sys.__excepthook__:
             previous(exc_type, exc_value, exc_traceback)
+            self._tell_and_await_end(how)
             return
-        sys.__excepthook__(exc_type, exc_value, exc_traceback)
-        self._tell_and_await_end(_described(exc_value))
-        if previous is not sys.__excepthook__:
-            previous(exc_type, exc_value, exc_traceback)
+        if self._tell(how, limit=update_counts.patience_seconds()):
+            time.sleep(update_counts.EXIT_GRACE_SECONDS)
+        previous(exc_type, exc_value, exc_traceback)
 
     def _at_exit(self):
         if self.failure is not None:
@@ -127,26 +135,38 @@ class _Gates(object):
             _described(getattr(sys, 'last_value', None)))
 
     def _tell_and_await_end(self, how):
-        """Where no first ``update()`` of this rank ever passed or failed,
-        tells every peer once that it ended (``how``). A peer that waited
-        in its first ``update()`` fails and ends the job at its own end;
-        this rank waits for that (finalizing under it would have MPICH
-        kill the peer unheard)."""
-        if self._told or self.passed or self.failure is not None:
+        """Tells the peers (see :meth:`_tell`). A peer that waited in its
+        first ``update()`` fails and ends the job at its own end; this rank
+        waits for that (finalizing under it would have MPICH kill the peer
+        unheard)."""
+        if not self._tell(how):
             return
-        self._told = True
-        waiting = [comm for comm in self.comms
-                   if comm.Get_size() > 1 and _tell_and_hear(comm, how)]
-        if not waiting:
-            # Every rank ended; each has mapped MPICH's segment, whose name
-            # MPI_Finalize leaves in /dev/shm once ranks exchanged messages.
-            shm.unlink_mapped_segments()
-            return
-        update_counts.say(waiting[0].Get_rank(), (
+        update_counts.say(self.comms[0].Get_rank(), (
             'CGDP: this rank ended before its first update(); its peers\' '
             'first update() failed on it, and they end the job'))
         while True:
             time.sleep(1.0)
+
+    def _tell(self, how, limit=None):
+        """Where no first ``update()`` of this rank ever passed or failed,
+        tells every peer once that it ended (``how``) and waits until each
+        answered or ended too (at most ``limit`` seconds, if given).
+
+        Returns:
+            bool: Whether a peer answered (it waited in its first
+            ``update()``).
+        """
+        if self._told or self.passed or self.failure is not None:
+            return False
+        self._told = True
+        answered = False
+        for comm in self.comms:
+            answered = _tell_and_hear(comm, how, limit) or answered
+        if not answered and limit is None:
+            # Every rank ended; each has mapped MPICH's segment, whose name
+            # MPI_Finalize leaves in /dev/shm once ranks exchanged messages.
+            shm.unlink_mapped_segments()
+        return answered
 
 
 _GATES = _Gates()
@@ -217,18 +237,19 @@ def _described(error):
     return type(error).__name__ + (': ' + words if words else '')
 
 
-def _tell_and_hear(comm, how):
+def _tell_and_hear(comm, how, limit=None):
     """Tells every peer that this rank ended (``how``), then waits until
-    each answered (it waited in its first ``update()``) or ended too,
-    saying after the patience which peers it waits for; returns whether a
-    peer answered."""
+    each answered (it waited in its first ``update()``) or ended too, at
+    most ``limit`` seconds if given, saying after the patience which peers
+    it waits for; returns whether a peer answered."""
     from mpi4py import MPI
     rank = comm.Get_rank()
     peers = [peer for peer in range(comm.Get_size()) if peer != rank]
     sends = [comm.isend(how, dest=peer, tag=ENDED_TAG) for peer in peers]
     heard, answered = set(), False
     patience = update_counts.patience_seconds()
-    said_at = time.monotonic() + patience
+    began = time.monotonic()
+    said = False
     while len(heard) < len(peers):
         for peer in sorted(set(peers) - heard):
             if comm.iprobe(source=peer, tag=ANSWER_TAG):
@@ -236,8 +257,11 @@ def _tell_and_hear(comm, how):
                 answered = True
             elif comm.iprobe(source=peer, tag=ENDED_TAG):
                 heard.add(peer)
-        if said_at is not None and time.monotonic() >= said_at:
-            said_at = None
+        waited = time.monotonic() - began
+        if limit is not None and waited >= limit:
+            return answered
+        if not said and waited >= patience:
+            said = True
             update_counts.say(rank, (
                 'CGDP: this rank ended before its first update(); waiting '
                 'for rank{} {} to reach a first update() and fail there '

@@ -2,7 +2,8 @@
 
 Run: mpiexec -n 2 python tests/mpi_scripts/uneven_updates.py
 --form optimizer|rank-hosts|updater
---case ended|raises|blocked|slow|ends-first|raises-first|all-end-first
+--case ended|raises|blocked|slow|ends-first|raises-first|all-end-first|
+raises-first-elsewhere
 
 Two ranks train a small classifier through one multi-node form:
 'optimizer' (``cgdp_chainer.create_multi_node_optimizer`` in a custom
@@ -19,6 +20,9 @@ script's own. The case:
 * ends-first, raises-first: rank 1 builds its optimizer or updater, then
   its script ends (returns; raises ``ValueError``) before its first
   update(), while rank 0 calls update(). Never prints an OK line.
+* raises-first-elsewhere ('optimizer' only): rank 1 raises before its
+  first update(), while rank 0 waits in a barrier of the script's, not in
+  update(): the abort hooks still end the job. Never prints an OK line.
 * all-end-first: every rank builds its optimizer or updater and its
   script ends before any update(): nobody waits, the job ends cleanly.
 * blocked: before its update() call ``LATE_CALL``, rank 1 waits in a
@@ -53,7 +57,7 @@ def parse_args():
                                            'updater'), required=True)
     parser.add_argument('--case', choices=(
         'ended', 'raises', 'blocked', 'slow', 'ends-first', 'raises-first',
-        'all-end-first'),
+        'all-end-first', 'raises-first-elsewhere'),
         required=True)
     return parser.parse_args()
 
@@ -136,8 +140,10 @@ def main():
     if args.case == 'all-end-first':
         _common.report_ok(comm, 'uneven-{}-{}'.format(args.form, args.case))
         return
-    if args.case.endswith('-first') and comm.rank == 1:
-        if args.case == 'raises-first':
+    if args.case == 'raises-first-elsewhere' and comm.rank == 0:
+        side.Barrier()  # rank 1 never joins it
+    if '-first' in args.case and comm.rank == 1:
+        if args.case.startswith('raises-first'):
             raise ValueError('rank 1 fails loading its data on purpose')
         return
     calls = UPDATES - 1 if args.case == 'ended' and comm.rank == 1 \
