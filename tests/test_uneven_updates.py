@@ -97,11 +97,18 @@ def test_a_rank_that_ends_before_its_first_update_is_named_at_once(
     # watchdog, or run_job, ended the job then).
     job = run_case(form, case)
     print('the job took {:.1f} s'.format(job.seconds))
+    assert_ended_with(job, [
+        'PeerEndedError: rank 1 ended before its first update() ({}), so '
+        'the first update() of rank 0 would wait for it forever'.format(
+            did)])
+
+
+def assert_ended_with(job, words):
+    """The job failed, by the project's hand (not the scripts' hang
+    watchdog), saying each of ``words``, and left nothing in /dev/shm."""
     assert job.returncode != 0, job.output
-    words = ('PeerEndedError: rank 1 ended before its first update() ({}), '
-             'so the first update() of rank 0 would wait for it '
-             'forever'.format(did))
-    assert words in job.output, job.output
+    for each in words:
+        assert each in job.output, job.output
     assert 'Timeout' not in job.output, job.output  # not the watchdog
     assert 'OK ' not in job.output
     assert job.segments_left == []
@@ -114,12 +121,9 @@ def test_a_rank_raising_before_its_first_update_still_aborts_the_job(
     # Rank 0 waits in a barrier of the script's, where no word reaches it:
     # rank 1's abort hook, after the patience, ends the job as before.
     job = run_case('optimizer', 'raises-first-elsewhere')
-    assert job.returncode != 0, job.output
-    assert '[rank 1] ValueError: rank 1 fails loading its data on purpose' \
-        in job.output, job.output
-    assert 'Calling MPI_Abort' in job.output, job.output
-    assert 'Timeout' not in job.output, job.output  # not the watchdog
-    assert job.segments_left == []
+    assert_ended_with(job, [
+        '[rank 1] ValueError: rank 1 fails loading its data on purpose',
+        'Calling MPI_Abort'])
 
 
 @pytest.mark.mpi

@@ -98,20 +98,26 @@ class DrawRefusal(object):
 
     def __init__(self):
         self.refused = None
-        self._generators = _global_generators()
         self._before = None
 
-    def _profile(self, frame, event, arg):
-        if event == 'c_call' and any(
-                getattr(arg, '__self__', None) is generator
-                for generator in self._generators):
-            if self.refused is None:
-                self.refused = getattr(arg, '__name__', repr(arg))
-            raise GlobalDrawRefused(self.refused)
+    def _profile_function(self):
+        """The profile function: a closure of locals, since it runs at
+        every call and return of the thread."""
+        numpy_generator, python_generator = _global_generators()
+        refusal = self
+
+        def profile(frame, event, arg):
+            if event == 'c_call':
+                owner = getattr(arg, '__self__', None)
+                if owner is numpy_generator or owner is python_generator:
+                    refusal.refused = refusal.refused or getattr(
+                        arg, '__name__', repr(arg))
+                    raise GlobalDrawRefused(refusal.refused)
+        return profile
 
     def __enter__(self):
         self._before = sys.getprofile()
-        sys.setprofile(self._profile)
+        sys.setprofile(self._profile_function())
         return self
 
     def __exit__(self, *exc):
