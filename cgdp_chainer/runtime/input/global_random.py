@@ -12,10 +12,13 @@ A batch read ahead in a thread of the caller's process would draw, if its
 dataset draws, from the caller's own states, at another time than
 ``StandardUpdater``'s: :class:`DrawRefusal` stops any such draw before it
 is made, so that the thread's read is dropped and the batch drawn anew on
-the caller.
+the caller. It sees NumPy 1's draws, not NumPy 2's
+(:meth:`DrawRefusal.sees_every_draw`): the input path then proves each read
+in the reader process instead.
 """
 import random
 import sys
+import types
 
 import chainer
 import numpy
@@ -42,9 +45,13 @@ class RandomStates(object):
 
     def are_current(self):
         """Whether the global states are these (nothing drew since)."""
-        return (randomness.same_numpy_state(numpy.random.get_state(),
+        return self.same_as(RandomStates.now())
+
+    def same_as(self, other):
+        """Whether ``other`` (RandomStates) holds these very states."""
+        return (randomness.same_numpy_state(other.numpy_state,
                                             self.numpy_state) and
-                random.getstate() == self.python_state)
+                other.python_state == self.python_state)
 
     def install(self):
         """Makes these the global states."""
@@ -99,6 +106,16 @@ class DrawRefusal(object):
     def __init__(self):
         self.refused = None
         self._before = None
+
+    @staticmethod
+    def sees_every_draw():
+        """Whether the global generators' methods are built-in methods,
+        whose calls the profile function sees (NumPy 1's; NumPy 2's are
+        Cython functions, whose calls it does not: only Python's draws are
+        refused then)."""
+        return all(isinstance(getattr(generator, 'random'),
+                              types.BuiltinMethodType)
+                   for generator in _global_generators())
 
     def _profile_function(self):
         """The profile function: a closure of locals, since it runs at

@@ -25,7 +25,10 @@ is drawn on the caller's thread (the first batch is always drawn there),
 or while one is read ahead in the background thread (where every such
 call is refused before it draws, by
 :class:`~cgdp_chainer.runtime.input.global_random.DrawRefusal`, and the
-batch drawn anew on the caller), as augmentations do (Chainer's imagenet example, ChainerCV's transforms),
+batch drawn anew on the caller; where NumPy's draws cannot be refused,
+NumPy 2's, a dataset not seen drawing is read in the reader process, and a
+batch whose read there drew is drawn anew on the caller), as augmentations
+do (Chainer's imagenet example, ChainerCV's transforms),
 is read in a reader process from copies of those states
 (:mod:`~cgdp_chainer.runtime.input.reader_process`); its batch is taken
 only if nothing drew on the caller's states since, and the reader's states
@@ -276,17 +279,23 @@ class SerialReadAhead(object):
         with global_random.GlobalRandomWatch() as watch:
             examples = self.iterator.next()
         if (seen_drawing or not sampled) and self._dataset_draws is not True:
+            first = self._dataset_draws is None
             self._dataset_draws = watch.drew or seen_drawing
-            if self._dataset_draws:
-                self._choose_reader(
-                    marks != _attribute_marks(self.iterator.dataset))
+            changed = marks != _attribute_marks(self.iterator.dataset)
+            if self._dataset_draws and not self.reads_in_process:
+                self._choose_reader(changed)
+            elif first and not self._dataset_draws and \
+                    not global_random.DrawRefusal.sees_every_draw():
+                self._choose_reader(changed, proving=True)
         return batches_module.from_iterator_batch(
             examples, self.n_shares, self.converter.convert,
             self.converter.convert_shares)
 
-    def _choose_reader(self, changed):
-        """For a dataset found drawing from the global random states: reads
-        ahead in a reader process if its copy there reads as it does."""
+    def _choose_reader(self, changed, proving=False):
+        """For a dataset found drawing from the global random states (or,
+        ``proving``, one not seen drawing where a thread's read could not
+        be refused a draw): reads ahead in a reader process if its copy
+        there reads as it does."""
         why = None
         if changed:
             why = ("its get_example changes the dataset's attributes, which "
@@ -294,19 +303,32 @@ class SerialReadAhead(object):
         else:
             self._dataset_bytes, why = reader_process.pickle_dataset(
                 self.iterator.dataset)
+        draws = ('may draw from NumPy\'s global random state (this NumPy\'s '
+                 'draws cannot be refused in a thread)' if proving else
+                 "draws from NumPy's or Python's global random state")
         if why is None:
             self.reads_in_process = True
             self._say(
-                "CGDP input: the dataset's get_example draws from NumPy's "
-                "or Python's global random state: the next batch is read "
-                'in a reader process from the states StandardUpdater reads '
-                "it from, and its states after become the caller's when "
-                'the batch is used')
+                "CGDP input: the dataset's get_example {}: the next batch "
+                'is read in a reader process from the states '
+                "StandardUpdater reads it from, and its states after "
+                "become the caller's when the batch is used{}".format(
+                    draws, ' (a batch that drew nothing is used as read)'
+                    if proving else ''))
+        elif proving:
+            # Read in the thread still: its Python draws are refused, its
+            # NumPy draws would go unseen (said here and in USAGE.md).
+            self._say(
+                "CGDP input: the next batch is read in a background thread, "
+                "where a draw from NumPy's global random state would go "
+                "unseen with this NumPy (its draws cannot be refused in a "
+                'thread), since {}: a dataset that draws from it must do so '
+                'from its first batch on'.format(why))
         else:
             self._say(
                 "CGDP input: not read ahead: the dataset's get_example "
-                "draws from NumPy's or Python's global random state and {}; "
-                "each replica's share is converted in parallel".format(why))
+                "{} and {}; each replica's share is converted in "
+                "parallel".format(draws, why))
 
     def _would_sample(self):
         """Whether the next ``next()`` calls the order sampler."""
@@ -344,8 +366,8 @@ class SerialReadAhead(object):
     def read_ahead(self):
         """Starts reading the next batch in the background, where that is
         exact (see the module's docs)."""
-        if self._prepared is not None or self._dataset_draws is None or (
-                self._dataset_draws and not self.reads_in_process):
+        load = self._loader_function()
+        if self._prepared is not None or load is None:
             return
         step = self._step_ahead()
         if step is None:
@@ -355,7 +377,6 @@ class SerialReadAhead(object):
             return  # the end of an iterator that does not repeat
         n = self.n_shares
         iterator = self.iterator
-        load = self._load_in_reader if self._dataset_draws else self._load
         self._prepared = _Prepared(
             iterator._state, iterator._previous_epoch_detail, next_state,
             # A batch that draws nothing is the same whatever drew since.
@@ -363,6 +384,23 @@ class SerialReadAhead(object):
             else None,
             [len(indices[k::n]) for k in range(n)],
             self._loader.submit(load, indices, read_from))
+
+    def _loader_function(self):
+        """What reads the next batch in the loader thread; None where no
+        batch is read ahead."""
+        if self._dataset_draws is None:
+            return None
+        if self._dataset_draws:
+            return self._load_in_reader if self.reads_in_process else None
+        return self._load_proven if self.reads_in_process else self._load
+
+    def _load_proven(self, indices, read_from):
+        """In the loader thread: the examples read by the reader process,
+        where that read drew nothing (else the batch is drawn anew)."""
+        examples, shares, after = self._load_in_reader(indices, read_from)
+        if not after.same_as(read_from):
+            raise _DrewInBackground('a draw in the reader process')
+        return examples, shares, after
 
     def _load(self, indices, read_from):
         """In the loader thread: the examples, in the order StandardUpdater
