@@ -84,7 +84,8 @@ def test_a_rank_that_ends_its_script_early_ends_the_job_with_the_counts(
 
 @pytest.mark.mpi
 @pytest.mark.slow
-@pytest.mark.parametrize('form', ['optimizer', 'updater'])
+@pytest.mark.parametrize('form', ['optimizer', 'updater',
+                                  'updater-chainermn'])
 @pytest.mark.parametrize('case, did', [
     ('ends-first', 'its script ended'),
     ('raises-first', 'its script raised ValueError: rank 1 fails loading '

@@ -1,7 +1,7 @@
 """Ranks that call update() different numbers of times, or late.
 
 Run: mpiexec -n 2 python tests/mpi_scripts/uneven_updates.py
---form optimizer|rank-hosts|updater
+--form optimizer|rank-hosts|updater|updater-chainermn
 --case ended|raises|blocked|slow|ends-first|raises-first|all-end-first|
 raises-first-elsewhere
 
@@ -9,8 +9,9 @@ Two ranks train a small classifier through one multi-node form:
 'optimizer' (``cgdp_chainer.create_multi_node_optimizer`` in a custom
 loop; the two ranks share the machine's host), 'rank-hosts' (the same with
 ``node_host=False``: each rank sums through MPI) or 'updater'
-(``CGDPUpdater`` over the ranks' communicator). No abort hooks of the
-script's own. The case:
+(``CGDPUpdater`` over the ranks' communicator) or 'updater-chainermn'
+(``CGDPUpdater`` with a ChainerMN multi-node optimizer). No abort hooks of
+the script's own. The case:
 
 * ended: rank 1 calls update() ``UPDATES - 1`` times and its script ends,
   while rank 0 calls it ``UPDATES`` times. Never prints an OK line.
@@ -53,8 +54,9 @@ N_EXAMPLES, N_FEATURES, N_CLASSES, BATCH = 32, 6, 3, 4
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('--form', choices=('optimizer', 'rank-hosts',
-                                           'updater'), required=True)
+    parser.add_argument('--form', choices=(
+        'optimizer', 'rank-hosts', 'updater', 'updater-chainermn'),
+        required=True)
     parser.add_argument('--case', choices=(
         'ended', 'raises', 'blocked', 'slow', 'ends-first', 'raises-first',
         'all-end-first', 'raises-first-elsewhere'),
@@ -84,9 +86,17 @@ class UpdaterTraining(object):
     """update() through CGDPUpdater over the ranks; ``failing_batch``:
     the iterator raises at that batch (counted from 1)."""
 
-    def __init__(self, comm, failing_batch=None):
+    def __init__(self, comm, failing_batch=None, chainermn_optimizer=False):
         self.model = L.Classifier(_common.StagedMLP((6, 8, 3), seed=0))
         optimizer = chainer.optimizers.SGD(lr=0.1)
+        mpi_comm = comm
+        if chainermn_optimizer:
+            # CGDPUpdater trains across the ChainerMN optimizer's ranks.
+            import chainermn
+            optimizer = chainermn.create_multi_node_optimizer(
+                optimizer, chainermn.create_communicator(
+                    'naive', mpi_comm=comm))
+            mpi_comm = None
         optimizer.setup(self.model)
         shard = _common.cgdp_mpi.shard_dataset(
             _common.numbered_dataset(N_EXAMPLES, N_FEATURES, N_CLASSES),
@@ -94,7 +104,7 @@ class UpdaterTraining(object):
         iterator = FailingIterator(shard, BATCH, shuffle=False)
         iterator.failing_batch = failing_batch
         self.updater = cgdp_chainer.CGDPUpdater(
-            iterator, optimizer, devices=['@numpy'], mpi_comm=comm)
+            iterator, optimizer, devices=['@numpy'], mpi_comm=mpi_comm)
 
     def update(self):
         self.updater.update()
@@ -132,9 +142,10 @@ def main():
     comm = _common.start_mpi()
     patience = update_counts.patience_seconds()
     side = comm.Dup()  # the barrier of rank 1's own (case 'blocked')
-    if args.form == 'updater':
+    if args.form.startswith('updater'):
         failing = args.case == 'raises' and comm.rank == 1
-        training = UpdaterTraining(comm, LATE_CALL if failing else None)
+        training = UpdaterTraining(comm, LATE_CALL if failing else None,
+                                   args.form == 'updater-chainermn')
     else:
         training = OptimizerTraining(comm, args.form == 'optimizer')
     if args.case == 'all-end-first':
