@@ -5,6 +5,7 @@ converted once; errors in the background surface."""
 import io
 import os
 import random
+import sys
 import threading
 import traceback
 
@@ -601,3 +602,86 @@ def test_a_dataset_that_draws_and_cannot_be_pickled_is_not_read_ahead(
     assert path.batches_read_ahead == 0
     assert 'the dataset cannot be pickled (TypeError' in \
         said()
+
+
+class _DrawsNowAndThen(_Augmented):
+    """Draws only for some examples past the first batch (a crop only for
+    large images): the first batch, drawn on the caller, draws nothing."""
+
+    def get_example(self, i):
+        if i < 6 or i % 2 == 0:
+            return self.base[i]
+        if i == 7:  # NumPy's state alone
+            x, t = self.base[i]
+            return x + numpy.random.normal(0, 0.01, x.shape).astype(
+                numpy.float32), t
+        return super(_DrawsNowAndThen, self).get_example(i)
+
+
+class _DrawingExtension(object):
+    """Draws from both global states after every other update, as an
+    extension would, and keeps what it drew: a dataset's draw made at
+    another time comes before or after these in the wrong order, and they
+    differ."""
+
+    def __init__(self):
+        self.drawn = []
+
+    def __call__(self, iteration, iterator):
+        if iteration % 2:
+            self.drawn.append((random.random(), numpy.random.uniform()))
+
+
+@pytest.mark.parametrize('workers', ['thread', PROCESS])
+def test_a_dataset_that_draws_only_now_and_then_is_standard_updaters(
+        workers):
+    def make_iterator():
+        return chainer.iterators.SerialIterator(_DrawsNowAndThen(), 4,
+                                                shuffle=False)
+    standard, cgdp = _DrawingExtension(), _DrawingExtension()
+    expected, expected_params, _ = _train(_standard, make_iterator, 7,
+                                          standard)
+    actual, params, path = _train(_cgdp(workers, 2), make_iterator, 7,
+                                  cgdp)
+    assert actual == expected  # the global random states after every update
+    assert cgdp.drawn == standard.drawn
+    assert_same_params(expected_params, params)
+    # The second batch, read ahead, was found drawing and drawn anew on
+    # the caller; the later ones were read in the reader process, and
+    # taken where the extension drew nothing since (iterations 2 and 4).
+    assert path.reads_in_process
+    assert path.batches_read_ahead == 2
+
+
+def test_a_refused_draw_is_never_made_even_where_it_is_swallowed():
+    from cgdp_chainer.runtime.input import global_random
+
+    def swallowing():
+        try:
+            random.random()
+        except BaseException:
+            pass
+        return 'read'
+
+    reads = [(lambda: random.randint(0, 9), 'getrandbits'),
+             (swallowing, 'random'), (lambda: 'read', None)]
+    # NumPy 2's global functions are Cython methods, which a profile
+    # function does not see: the input path then proves each read in the
+    # reader process instead (test_a_dataset_that_draws_only_now_and_then).
+    sees_numpy = global_random.DrawRefusal.sees_every_draw()
+    assert sees_numpy == numpy.__version__.startswith('1.')
+    if sees_numpy:
+        reads.append((lambda: numpy.random.uniform(), 'uniform'))
+    numpy.random.seed(3)
+    random.seed(3)
+    before = _global_states()
+    for read, expected in reads:
+        refusal = global_random.DrawRefusal()
+        try:
+            with refusal:
+                read()
+        except global_random.GlobalDrawRefused:
+            pass
+        assert sys.getprofile() is None
+        assert _global_states() == before
+        assert refusal.refused == expected

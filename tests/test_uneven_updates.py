@@ -84,6 +84,62 @@ def test_a_rank_that_ends_its_script_early_ends_the_job_with_the_counts(
 
 @pytest.mark.mpi
 @pytest.mark.slow
+@pytest.mark.parametrize('form', ['optimizer', 'updater',
+                                  'updater-chainermn'])
+@pytest.mark.parametrize('case, did', [
+    ('ends-first', 'its script ended'),
+    ('raises-first', 'its script raised ValueError: rank 1 fails loading '
+                     'its data on purpose')])
+def test_a_rank_that_ends_before_its_first_update_is_named_at_once(
+        mpiexec, form, case, did):
+    # Rank 1 builds its optimizer or updater, then its script ends (or
+    # raises) before its first update(), while rank 0 calls update():
+    # before, rank 0 waited in its first collective forever (the scripts'
+    # watchdog, or run_job, ended the job then).
+    job = run_case(form, case)
+    print('the job took {:.1f} s'.format(job.seconds))
+    assert_ended_with(job, [
+        'PeerEndedError: rank 1 ended before its first update() ({}), so '
+        'the first update() of rank 0 would wait for it forever'.format(
+            did)])
+
+
+def assert_ended_with(job, words):
+    """The job failed, by the project's hand (not the scripts' hang
+    watchdog), saying each of ``words``, and left nothing in /dev/shm."""
+    assert job.returncode != 0, job.output
+    for each in words:
+        assert each in job.output, job.output
+    assert 'Timeout' not in job.output, job.output  # not the watchdog
+    assert 'OK ' not in job.output
+    assert job.segments_left == []
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_rank_raising_before_its_first_update_still_aborts_the_job(
+        mpiexec):
+    # Rank 0 waits in a barrier of the script's, where no word reaches it:
+    # rank 1's abort hook, after the patience, ends the job as before.
+    job = run_case('optimizer', 'raises-first-elsewhere')
+    assert_ended_with(job, [
+        '[rank 1] ValueError: rank 1 fails loading its data on purpose',
+        'Calling MPI_Abort'])
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_ranks_that_all_end_before_their_first_update_end_cleanly(mpiexec):
+    # Each rank tells the others that it ended; each hears the others'
+    # word, so none waits for an answer, and every rank finalizes.
+    job = run_case('updater', 'all-end-first')
+    assert_ok(job, 'uneven-updater-all-end-first')
+    assert 'Error' not in job.output, job.output
+    assert job.segments_left == []
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
 def test_an_updater_rank_whose_update_raises_ends_the_job_without_hooks(
         mpiexec):
     # Rank 1's 4th update() raises (its batch), no abort hooks anywhere,

@@ -31,6 +31,10 @@ concern:
   different numbers of times fail with :class:`UnevenUpdatesError` (both
   counts and the fix) instead of waiting forever, and a rank waiting long
   in ``update()`` names the ranks behind (``$CGDP_UPDATE_PATIENCE``).
+* ``first_update``: :class:`FirstUpdateGate`: a rank that ends, or
+  raises, before its first ``update()`` (after building its multi-node
+  optimizer or updater) is named to its peers, whose first ``update()``
+  raises :class:`PeerEndedError` instead of waiting for it forever.
 * ``data``: :func:`shard_dataset`: each rank's part of the dataset; the
   global batch is the union of the ranks' batches.
 * ``chainermn_baseline``: :func:`make_chainermn_updater`, the ChainerMN
@@ -72,6 +76,9 @@ from cgdp_chainer.mpi.faults import abort_job  # NOQA
 from cgdp_chainer.mpi.faults import abort_on_exception  # NOQA
 from cgdp_chainer.mpi.faults import AbortOnException  # NOQA
 from cgdp_chainer.mpi.faults import install_abort_hooks  # NOQA
+from cgdp_chainer.mpi import first_update  # NOQA
+from cgdp_chainer.mpi.first_update import FirstUpdateGate  # NOQA
+from cgdp_chainer.mpi.first_update import PeerEndedError  # NOQA
 from cgdp_chainer.mpi.launch import as_mpi_comm  # NOQA
 from cgdp_chainer.mpi.launch import check_thread_support  # NOQA
 from cgdp_chainer.mpi.launch import find_mpiexec  # NOQA

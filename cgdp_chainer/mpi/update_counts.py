@@ -330,7 +330,7 @@ class UpdateCountWatch(object):
             waited = time.monotonic() - self._update_began
         where = 'is in its update() call {}'.format(calls) if in_update \
             else 'is not in update() now'
-        _say(self.rank, (
+        say(self.rank, (
             'CGDP: update() call {call} of this rank has waited {waited:.0f} '
             's for rank {peer}, which has called update() {calls} time{s} '
             'and {where}. A slow rank (a long evaluation, say) catches up; '
@@ -353,7 +353,7 @@ class UpdateCountWatch(object):
             with self._lock:
                 waiting = sorted(set(range(self.size)) - set(self._stopped) -
                                  {self.rank})
-            _say(self.rank, (
+            say(self.rank, (
                 'CGDP: the script of this rank ended after {} update() '
                 'calls; waiting for rank{} {} to stop training too'.format(
                     self.calls, '' if len(waiting) == 1 else 's',
@@ -374,7 +374,7 @@ class UpdateCountWatch(object):
                          where=' at the end of its script')
 
 
-def _say(rank, line):
+def say(rank, line):
     """One line on stderr, with the rank's prefix (ranks share it)."""
     sys.stderr.write('[rank {}] {}\n'.format(rank, line))
     sys.stderr.flush()

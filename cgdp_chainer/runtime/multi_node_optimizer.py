@@ -208,6 +208,10 @@ class MultiNodeOptimizer(object):
         own('communicator', communicator)
         own('_options', options)
         own('_rank', None)      # the _RankTraining, from the first update
+        # A rank that ends before its first update() is named to its peers
+        # (armed after the abort hooks, so that it tells them first).
+        from cgdp_chainer import mpi
+        mpi.first_update.arm(communicator)
 
     def setup(self, link):
         """Sets up the actual optimizer on ``link``; returns this one."""
@@ -343,6 +347,7 @@ class _RankTraining(object):
         self._pull_all = False
         self.timeline = options.timeline
         comm = mpi.as_mpi_comm(communicator)
+        mpi.FirstUpdateGate(comm).wait()  # a peer that ended is named
         mpi.check_consistency(comm, model, optimizer)
         # Every rank has passed MPI_Init and a collective, so every process
         # of the node maps MPICH's segment: its name can go now, and a rank

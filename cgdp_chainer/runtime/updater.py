@@ -198,6 +198,10 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         # Read now: a bad $CGDP_UPDATE_PATIENCE is refused before any work.
         self._update_patience = None if self._mpi_comm is None else \
             mpi.update_counts.patience_seconds()
+        if self._mpi_comm is not None:
+            # A rank that ends before its first update() is named to its
+            # peers.
+            mpi.first_update.arm(self._mpi_comm)
         channels.check_replicable(master, loss_func, workers)
         self._batch_statistics = batch_statistics.BatchStatisticsNotice(
             master, len(self._devices), 'CGDPUpdater')
@@ -748,6 +752,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         rank 0's weights and sets up the all-reduce and the watch over
         the ranks' ``update()`` counts."""
         from cgdp_chainer import mpi
+        mpi.FirstUpdateGate(self._mpi_comm).wait()  # names a peer that ended
         mpi.check_consistency(self._mpi_comm, master, optimizer)
         # Every rank starts from rank 0's weights, before replicas are
         # copied from the master.

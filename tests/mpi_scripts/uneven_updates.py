@@ -1,20 +1,31 @@
 """Ranks that call update() different numbers of times, or late.
 
 Run: mpiexec -n 2 python tests/mpi_scripts/uneven_updates.py
---form optimizer|rank-hosts|updater --case ended|raises|blocked|slow
+--form optimizer|rank-hosts|updater|updater-chainermn
+--case ended|raises|blocked|slow|ends-first|raises-first|all-end-first|
+raises-first-elsewhere
 
 Two ranks train a small classifier through one multi-node form:
 'optimizer' (``cgdp_chainer.create_multi_node_optimizer`` in a custom
 loop; the two ranks share the machine's host), 'rank-hosts' (the same with
 ``node_host=False``: each rank sums through MPI) or 'updater'
-(``CGDPUpdater`` over the ranks' communicator). No abort hooks of the
-script's own. The case:
+(``CGDPUpdater`` over the ranks' communicator) or 'updater-chainermn'
+(``CGDPUpdater`` with a ChainerMN multi-node optimizer). No abort hooks of
+the script's own. The case:
 
 * ended: rank 1 calls update() ``UPDATES - 1`` times and its script ends,
   while rank 0 calls it ``UPDATES`` times. Never prints an OK line.
 * raises ('updater' only): rank 1's batch of call ``LATE_CALL`` raises
   (inside update(), before its gradients leave), while rank 0 waits in
   that call. Never prints an OK line.
+* ends-first, raises-first: rank 1 builds its optimizer or updater, then
+  its script ends (returns; raises ``ValueError``) before its first
+  update(), while rank 0 calls update(). Never prints an OK line.
+* raises-first-elsewhere ('optimizer' only): rank 1 raises before its
+  first update(), while rank 0 waits in a barrier of the script's, not in
+  update(): the abort hooks still end the job. Never prints an OK line.
+* all-end-first: every rank builds its optimizer or updater and its
+  script ends before any update(): nobody waits, the job ends cleanly.
 * blocked: before its update() call ``LATE_CALL``, rank 1 waits in a
   barrier of its own for ``3 x $CGDP_UPDATE_PATIENCE`` seconds (a thread
   of rank 0 joins it then), while rank 0 waits in that update(). Both end
@@ -43,10 +54,13 @@ N_EXAMPLES, N_FEATURES, N_CLASSES, BATCH = 32, 6, 3, 4
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('--form', choices=('optimizer', 'rank-hosts',
-                                           'updater'), required=True)
-    parser.add_argument('--case', choices=('ended', 'raises', 'blocked',
-                                           'slow'), required=True)
+    parser.add_argument('--form', choices=(
+        'optimizer', 'rank-hosts', 'updater', 'updater-chainermn'),
+        required=True)
+    parser.add_argument('--case', choices=(
+        'ended', 'raises', 'blocked', 'slow', 'ends-first', 'raises-first',
+        'all-end-first', 'raises-first-elsewhere'),
+        required=True)
     return parser.parse_args()
 
 
@@ -72,9 +86,17 @@ class UpdaterTraining(object):
     """update() through CGDPUpdater over the ranks; ``failing_batch``:
     the iterator raises at that batch (counted from 1)."""
 
-    def __init__(self, comm, failing_batch=None):
+    def __init__(self, comm, failing_batch=None, chainermn_optimizer=False):
         self.model = L.Classifier(_common.StagedMLP((6, 8, 3), seed=0))
         optimizer = chainer.optimizers.SGD(lr=0.1)
+        mpi_comm = comm
+        if chainermn_optimizer:
+            # CGDPUpdater trains across the ChainerMN optimizer's ranks.
+            import chainermn
+            optimizer = chainermn.create_multi_node_optimizer(
+                optimizer, chainermn.create_communicator(
+                    'naive', mpi_comm=comm))
+            mpi_comm = None
         optimizer.setup(self.model)
         shard = _common.cgdp_mpi.shard_dataset(
             _common.numbered_dataset(N_EXAMPLES, N_FEATURES, N_CLASSES),
@@ -82,7 +104,7 @@ class UpdaterTraining(object):
         iterator = FailingIterator(shard, BATCH, shuffle=False)
         iterator.failing_batch = failing_batch
         self.updater = cgdp_chainer.CGDPUpdater(
-            iterator, optimizer, devices=['@numpy'], mpi_comm=comm)
+            iterator, optimizer, devices=['@numpy'], mpi_comm=mpi_comm)
 
     def update(self):
         self.updater.update()
@@ -120,11 +142,21 @@ def main():
     comm = _common.start_mpi()
     patience = update_counts.patience_seconds()
     side = comm.Dup()  # the barrier of rank 1's own (case 'blocked')
-    if args.form == 'updater':
+    if args.form.startswith('updater'):
         failing = args.case == 'raises' and comm.rank == 1
-        training = UpdaterTraining(comm, LATE_CALL if failing else None)
+        training = UpdaterTraining(comm, LATE_CALL if failing else None,
+                                   args.form == 'updater-chainermn')
     else:
         training = OptimizerTraining(comm, args.form == 'optimizer')
+    if args.case == 'all-end-first':
+        _common.report_ok(comm, 'uneven-{}-{}'.format(args.form, args.case))
+        return
+    if args.case == 'raises-first-elsewhere' and comm.rank == 0:
+        side.Barrier()  # rank 1 never joins it
+    if '-first' in args.case and comm.rank == 1:
+        if args.case.startswith('raises-first'):
+            raise ValueError('rank 1 fails loading its data on purpose')
+        return
     calls = UPDATES - 1 if args.case == 'ended' and comm.rank == 1 \
         else UPDATES
     for call in range(1, calls + 1):

@@ -22,7 +22,13 @@ where the step ends an epoch of a ``shuffle=True`` iterator, after its
 shuffle, drawn ahead from them and the caller's states put back. A dataset
 found drawing from NumPy's or Python's global random state while a batch
 is drawn on the caller's thread (the first batch is always drawn there),
-as augmentations do (Chainer's imagenet example, ChainerCV's transforms),
+or while one is read ahead in the background thread (where every such
+call is refused before it draws, by
+:class:`~cgdp_chainer.runtime.input.global_random.DrawRefusal`, and the
+batch drawn anew on the caller; where NumPy's draws cannot be refused,
+NumPy 2's, a dataset not seen drawing is read in the reader process, and a
+batch whose read there drew is drawn anew on the caller), as augmentations
+do (Chainer's imagenet example, ChainerCV's transforms),
 is read in a reader process from copies of those states
 (:mod:`~cgdp_chainer.runtime.input.reader_process`); its batch is taken
 only if nothing drew on the caller's states since, and the reader's states
@@ -143,6 +149,11 @@ def _refuse_to_sample(order, position):
     raise _WouldSample()
 
 
+class _DrewInBackground(Exception):
+    """A read ahead in the loader thread was refused a draw from the global
+    random states: the batch is drawn anew on the caller."""
+
+
 def _attribute_marks(dataset):
     """What shows that reading ``dataset`` changed it: each attribute's
     identity and, for a list, dict, set or bytearray, its length."""
@@ -231,40 +242,64 @@ class SerialReadAhead(object):
                 iterator._previous_epoch_detail is prepared.previous and (
                     prepared.states is None or
                     prepared.states.are_current()):
-            iterator._previous_epoch_detail = iterator.epoch_detail
-            iterator._state = prepared.next_state
-            # Raises what the dataset or the converter raised, with the
-            # iterator moved as SerialIterator's next() leaves it.
-            examples, shares, states = prepared.future.result()
-            if prepared.states is not None:
-                states.install()
-            self.taken += 1
-            return batches_module.from_read_ahead(
-                prepared.counts, lambda: (examples, shares),
-                self.converter.convert)
+            return self._take(prepared)
         if prepared is not None:
             prepared.future.cancel()
         return self._draw_now()
 
-    def _draw_now(self):
+    def _take(self, prepared):
+        """The batch read ahead, the iterator moved as ``next()`` moves it;
+        drawn now instead where the read was refused a draw."""
+        iterator = self.iterator
+        try:
+            examples, shares, states = prepared.future.result()
+        except _DrewInBackground:
+            # Nothing moved: the refused draw was never made.
+            return self._draw_now(seen_drawing=True)
+        except BaseException:
+            # What the dataset or the converter raised, with the iterator
+            # moved as SerialIterator's next() leaves it.
+            self._move(prepared)
+            raise
+        self._move(prepared)
+        if prepared.states is not None:
+            states.install()
+        self.taken += 1
+        return batches_module.from_read_ahead(
+            prepared.counts, lambda: (examples, shares),
+            self.converter.convert)
+
+    def _move(self, prepared):
+        iterator = self.iterator
+        iterator._previous_epoch_detail = iterator.epoch_detail
+        iterator._state = prepared.next_state
+
+    def _draw_now(self, seen_drawing=False):
         """The batch drawn as StandardUpdater draws it, watching whether the
-        dataset draws from the global random states."""
+        dataset draws from the global random states (``seen_drawing``: a
+        read ahead of it was refused a draw)."""
         sampled = self._would_sample()
         marks = _attribute_marks(self.iterator.dataset)
         with global_random.GlobalRandomWatch() as watch:
             examples = self.iterator.next()
-        if not sampled and self._dataset_draws is not True:
-            self._dataset_draws = watch.drew
-            if watch.drew:
-                self._choose_reader(
-                    marks != _attribute_marks(self.iterator.dataset))
+        if (seen_drawing or not sampled) and self._dataset_draws is not True:
+            first = self._dataset_draws is None
+            self._dataset_draws = watch.drew or seen_drawing
+            changed = marks != _attribute_marks(self.iterator.dataset)
+            if self._dataset_draws and not self.reads_in_process:
+                self._choose_reader(changed)
+            elif first and not self._dataset_draws and \
+                    not global_random.DrawRefusal.sees_every_draw():
+                self._choose_reader(changed, proving=True)
         return batches_module.from_iterator_batch(
             examples, self.n_shares, self.converter.convert,
             self.converter.convert_shares)
 
-    def _choose_reader(self, changed):
-        """For a dataset found drawing from the global random states: reads
-        ahead in a reader process if its copy there reads as it does."""
+    def _choose_reader(self, changed, proving=False):
+        """For a dataset found drawing from the global random states (or,
+        ``proving``, one not seen drawing where a thread's read could not
+        be refused a draw): reads ahead in a reader process if its copy
+        there reads as it does."""
         why = None
         if changed:
             why = ("its get_example changes the dataset's attributes, which "
@@ -272,21 +307,36 @@ class SerialReadAhead(object):
         else:
             self._dataset_bytes, why = reader_process.pickle_dataset(
                 self.iterator.dataset)
+        draws = ('may draw from NumPy\'s global random state (this NumPy\'s '
+                 'draws cannot be refused in a thread)' if proving else
+                 "draws from NumPy's or Python's global random state")
         if why is None:
             self.reads_in_process = True
             self._say(
                 'CGDP input: get_example draws from the global random '
                 'states: batches are read in a reader process',
-                'the next batch is read from the states StandardUpdater '
-                "reads it from, and its states after become the caller's "
-                'when the batch is used')
+                "the dataset's get_example {}: the next batch is read from "
+                "the states StandardUpdater reads it from, and its states "
+                "after become the caller's when the batch is used{}".format(
+                    draws, ' (a batch that drew nothing is used as read)'
+                    if proving else ''))
+        elif proving:
+            # Read in the thread still: its Python draws are refused, its
+            # NumPy draws would go unseen (said here and in USAGE.md).
+            self._say(
+                'CGDP input: a NumPy draw in get_example would go unseen '
+                '(read in a thread)',
+                "the next batch is read in a background thread, where a "
+                "draw from NumPy's global random state would go unseen with "
+                "this NumPy (its draws cannot be refused in a thread), since "
+                "{}: a dataset that draws from it must do so from its first "
+                "batch on".format(why), log.NOTICE)
         else:
             self._say(
                 'CGDP input: not read ahead (get_example draws from the '
                 'global random states)',
-                "the dataset's get_example draws from NumPy's or Python's "
-                "global random state and {}; each replica's share is "
-                'converted in parallel'.format(why), log.NOTICE)
+                "the dataset's get_example {} and {}; each replica's share "
+                "is converted in parallel".format(draws, why), log.NOTICE)
 
     def _would_sample(self):
         """Whether the next ``next()`` calls the order sampler."""
@@ -324,8 +374,8 @@ class SerialReadAhead(object):
     def read_ahead(self):
         """Starts reading the next batch in the background, where that is
         exact (see the module's docs)."""
-        if self._prepared is not None or self._dataset_draws is None or (
-                self._dataset_draws and not self.reads_in_process):
+        load = self._loader_function()
+        if self._prepared is not None or load is None:
             return
         step = self._step_ahead()
         if step is None:
@@ -335,7 +385,6 @@ class SerialReadAhead(object):
             return  # the end of an iterator that does not repeat
         n = self.n_shares
         iterator = self.iterator
-        load = self._load_in_reader if self._dataset_draws else self._load
         self._prepared = _Prepared(
             iterator._state, iterator._previous_epoch_detail, next_state,
             # A batch that draws nothing is the same whatever drew since.
@@ -344,12 +393,40 @@ class SerialReadAhead(object):
             [len(indices[k::n]) for k in range(n)],
             self._loader.submit(load, indices, read_from))
 
+    def _loader_function(self):
+        """What reads the next batch in the loader thread; None where no
+        batch is read ahead."""
+        if self._dataset_draws is None:
+            return None
+        if self._dataset_draws:
+            return self._load_in_reader if self.reads_in_process else None
+        return self._load_proven if self.reads_in_process else self._load
+
+    def _load_proven(self, indices, read_from):
+        """In the loader thread: the examples read by the reader process,
+        where that read drew nothing (else the batch is drawn anew)."""
+        examples, shares, after = self._load_in_reader(indices, read_from)
+        if not after.same_as(read_from):
+            raise _DrewInBackground('a draw in the reader process')
+        return examples, shares, after
+
     def _load(self, indices, read_from):
         """In the loader thread: the examples, in the order StandardUpdater
         reads them (the dataset draws nothing), and each share converted."""
         dataset = self.iterator.dataset
-        return self._converted([dataset[index] for index in indices],
-                               read_from)
+        # The dataset drew nothing so far, but may draw for any example:
+        # a draw here would move the caller's states at another time than
+        # StandardUpdater's, so it is refused and the batch drawn anew.
+        refusal = global_random.DrawRefusal()
+        try:
+            with refusal:
+                examples = [dataset[index] for index in indices]
+        except BaseException:
+            if refusal.refused is None:
+                raise
+        if refusal.refused is not None:  # raised, or swallowed
+            raise _DrewInBackground(refusal.refused)
+        return self._converted(examples, read_from)
 
     def _load_in_reader(self, indices, read_from):
         """In the loader thread: the examples read by the reader process
