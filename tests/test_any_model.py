@@ -127,6 +127,24 @@ def test_a_graph_that_changes_with_the_iteration(workers):
                    ['/predictor/a/W', '/predictor/b/W'])
 
 
+@pytest.mark.parametrize('workers', WORKERS)
+def test_a_cut_graph_trains_as_with_standard_updater(workers):
+    # stem and side never get a gradient, a only in odd iterations: all
+    # count as zeros (weight decay and momentum still move them), as
+    # Chainer's optimizer.update() fills a missing gradient with zeros.
+    base = L.Classifier(any_models.Unchained())
+    data = staged_models.dataset(n=30)
+    expected = train(copy.deepcopy(base), 'momentum', standard,
+                     iterations=4, data=data)
+    actual = train(copy.deepcopy(base), 'momentum',
+                   cgdp(2, chunk_size=1, workers=workers), iterations=4,
+                   data=data)
+    assert_same_params(expected, actual)
+    assert_trained(_initial(base), expected,
+                   ['/predictor/stem/W', '/predictor/side/W',
+                    '/predictor/a/W'])
+
+
 def _images(n, size, n_classes, seed=0):
     rng = numpy.random.RandomState(seed)
     return chainer.datasets.TupleDataset(
