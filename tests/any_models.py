@@ -87,6 +87,22 @@ class Unchained(chainer.Chain):
         return self.out(h)
 
 
+class GradientScaling(object):
+    """ChainerCV 0.13's update-rule hook (written here: ChainerCV is not a
+    dependency): scales the gradient in place before the update."""
+
+    name = 'GradientScaling'
+    call_for_each_param = True
+
+    def __init__(self, rate):
+        self.rate = rate
+
+    def __call__(self, rule, param):
+        g = param.grad
+        with chainer.using_device(param.device):
+            g *= self.rate
+
+
 class MLP(chainer.Chain):
     """Chainer's MNIST example network: lazily initialized layers."""
 

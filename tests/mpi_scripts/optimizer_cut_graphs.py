@@ -14,13 +14,16 @@ Every case trains one model twice on the same per-rank batches, with
 * ``sometimes``: a branch used only in odd iterations, so its parameters
   have no gradient in the others (ChainerMN's zero fill: a zero gradient,
   which still moves them under momentum and weight decay);
-* ``scaled``: ChainerCV's ``GradientScaling`` (written here: ChainerCV is
-  not a dependency) on the output layer's parameters, which must keep the
-  update fused and the node's host shared.
+* ``scaled``: ChainerCV's ``GradientScaling`` (in tests/any_models.py:
+  ChainerCV is not a dependency) on the output layer's parameters, which
+  must keep the update fused and the node's host shared.
 
 Each case runs in both call forms: ``optimizer.update(lossfun, ...)`` and
 ``loss.backward(); optimizer.update()``.
 """
+import os
+import sys
+
 import _common  # first: it imports cgdp_chainer before Chainer
 from _common import cgdp_mpi
 
@@ -32,24 +35,12 @@ import numpy  # NOQA: E402
 
 import cgdp_chainer  # NOQA: E402
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))))
+from any_models import GradientScaling  # NOQA: E402
+
 ITERATIONS = 5
 N_IN, N_HIDDEN, N_OUT = 6, 8, 4
-
-
-class GradientScaling(object):
-    """ChainerCV 0.13's update-rule hook: multiplies the gradient by
-    ``rate`` before the update."""
-
-    name = 'GradientScaling'
-    call_for_each_param = True
-
-    def __init__(self, rate):
-        self.rate = rate
-
-    def __call__(self, rule, param):
-        g = param.grad
-        with chainer.using_device(param.device):
-            g *= self.rate
 
 
 class CutModel(chainer.Chain):
@@ -151,6 +142,7 @@ def main():
             assert '/l2/W' in moved, moved
             moved, shared = compare('scaled', form)
             assert shared, 'GradientScaling made every rank keep a host'
+            compare('scaled', form, node_host=False)
             lines.append('{}: equal to ChainerMN'.format(form))
         _common.report_ok(world, 'optimizer-cut-graphs', lines)
 

@@ -433,7 +433,8 @@ class HostAccumulator(object):
             # Fused runs are reduced inside their update.
             program = self._program(chunk, names)
             with self._span('reduce', chunk):
-                self._reduce(program.unfused + program.frozen_names())
+                self._reduce(program.unfused + program.frozen_names() +
+                             program.hooked_names())
         else:
             # The cross-rank sum needs every reduced gradient first.
             with self._span('reduce', chunk):
@@ -446,6 +447,9 @@ class HostAccumulator(object):
             if program.runs:
                 self._fused_update(program.runs,
                                    from_slots=self.allreducer is None)
+            self._update_hooked(program.hooked,
+                                self._grad_buffer if self.allreducer else
+                                self.transfers[0].slot_buffer)
         if program.unfused:
             # Chainer's rules may rebind arrays, and their first update
             # creates the state that lets the next iteration fuse.
@@ -477,7 +481,7 @@ class HostAccumulator(object):
         if host_update is None or self._hook_program is None or not names:
             return _ChunkProgram([], list(names), [])
         fused_rule = host_update.fused_rule
-        runs, unfused, frozen = [], [], []
+        runs, unfused, frozen, hooked = [], [], [], []
         for run in self._layout.span(names).runs:
             group, key, still = [], None, []
             for name in run.names:
@@ -492,8 +496,16 @@ class HostAccumulator(object):
                 if still:
                     frozen.append(still)
                     still = []
-                if not fused_rule.fuses(param):
+                if not fused_rule.fuses_update(param):
                     unfused.append(name)
+                    runs.append(group)
+                    group, key = [], None
+                    continue
+                if host_update_module.rule_hooks(rule):
+                    # Its own hooks run between the gradient and the update.
+                    self._state.bind(name, rule,
+                                     fused_rule.state_keys_of(rule))
+                    hooked.append((self._layout.run_of([name]), [rule]))
                     runs.append(group)
                     group, key = [], None
                     continue
@@ -510,7 +522,8 @@ class HostAccumulator(object):
             [(self._layout.run_of(group),
               [self.master_params[name].update_rule for name in group])
              for group in runs if group], unfused,
-            [self._layout.run_of(still) for still in frozen if still])
+            [self._layout.run_of(still) for still in frozen if still],
+            hooked)
 
     def _own_grads(self, names):
         """Makes ``param.grad`` of ``names`` the accumulator's views again
@@ -551,7 +564,8 @@ class HostAccumulator(object):
         names = []
         for chunk, chunk_names in enumerate(self.chunk_names):
             program = self._program(chunk, chunk_names)
-            names += [name for run, _ in program.runs for name in run.names]
+            names += [name for run, _ in program.runs + program.hooked
+                      for name in run.names]
         return names
 
     def _reduce(self, names):
@@ -661,6 +675,47 @@ class HostAccumulator(object):
             if write:
                 self.fused_grad_writes += len(calls)
 
+    def _update_hooked(self, hooked, grad_buffer, parts=None):
+        """Updates parameters whose rules have hooks of their own, each as
+        ``UpdateRule.update`` does, with the fused kernel: the gradient
+        (reduced into ``grad_buffer``, which ``param.grad`` views) goes
+        through the optimizer's hooks and the loss scale's division, then
+        the rule's pre-update hooks (any callable, run here as Chainer runs
+        them), the fused update with no hooks, and the rule's post-update
+        hooks.
+
+        Args:
+            hooked (list): ``(Run, [rule])`` per parameter.
+            grad_buffer (numpy.ndarray): The flat buffer holding their
+                reduced gradients.
+            parts (list or None): Per parameter, whether this process
+                updates it (the node's ranks share the work); None: all.
+        """
+        if not hooked:
+            return
+        fused_rule = self._host_update.fused_rule
+        no_hooks = host_update_module.hook_program([], [])
+        for index, (run, rules) in enumerate(hooked):
+            # Every rank of a node advances t; one updates.
+            scalars = fused_rule.advance_run(rules)
+            if parts is not None and not parts[index]:
+                continue
+            rule, (name,) = rules[0], run.names
+            param = self.master_params[name]
+            p = buffers.typed(self.master.buffer, run)
+            grad = buffers.typed(grad_buffer, run)
+            host_update_module.apply_hooks(p, grad, self._hook_program)
+            view = grad.reshape(param.shape)
+            host_update_module.call_rule_hooks(rule, param, 'pre', view)
+            state = tuple(self._state.typed(key, run) for key in
+                          fused_rule.kernel_state_keys(rule))
+            self._host_update.update_runs(
+                [(p, [grad], grad, state, scalars)], [1.0], False, no_hooks,
+                False)
+            host_update_module.call_rule_hooks(rule, param, 'post', view)
+        with self._lock:
+            self.fused_calls += len(hooked)
+
     def _update(self, names):
         optimizer = self.optimizer
         pre, post = optimizer_hooks(optimizer)
@@ -690,17 +745,23 @@ class HostAccumulator(object):
 
 class _ChunkProgram(object):
     """How one chunk is updated: its fused runs, as ``(Run, rules)``, the
-    parameters left to Chainer's rules, and the runs of frozen parameters
+    parameters left to Chainer's rules, the runs of frozen parameters
     (:func:`~cgdp_chainer.runtime.host.host_update.frozen`), whose
-    gradient is reduced and which are not updated."""
+    gradient is reduced and which are not updated, and the parameters
+    whose rules have hooks of their own, as ``(Run, [rule])`` each
+    (updated fused, their hooks run in between)."""
 
-    def __init__(self, runs, unfused, frozen):
+    def __init__(self, runs, unfused, frozen, hooked=()):
         self.runs = runs
         self.unfused = unfused
         self.frozen = frozen
+        self.hooked = list(hooked)
 
     def frozen_names(self):
         return [name for run in self.frozen for name in run.names]
+
+    def hooked_names(self):
+        return [name for run, _ in self.hooked for name in run.names]
 
 
 class _NullSpan(object):

@@ -155,15 +155,11 @@ class ReadinessBackward(object):
             BackwardReport: The ready order and the unused names.
 
         Raises:
-            UnsupportedGraphError: The graph holds ``F.forget`` (its
-                backward recomputes the forward and sets the inner
-                parameters' gradients behind the traversal), a function's
-                backward runs a backward of its own that reaches a watched
-                parameter, or a parameter was given a gradient during the
-                backward by anything else. A parameter outside the graph
-                (cut by ``unchain_backward()``, used only without
-                backprop, or not used) is not refused: it is reported
-                unused.
+            UnsupportedGraphError: The graph holds ``F.forget``, a
+                function's backward runs a backward of its own that reaches
+                a watched parameter, or anything else gives a parameter a
+                gradient during the backward. (A parameter outside the
+                graph, cut by ``unchain_backward()`` say, is unused.)
             ValueError: ``loss`` is not a Variable, holds a ChainerX array,
                 or ``on_ready`` is not callable.
         """
