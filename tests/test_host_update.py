@@ -122,7 +122,7 @@ class FusedRig(object):
                 self.acc.deliver(device, chunk, None)
         self.acc.wait()
         if self.failures.failed:
-            raise self.failures.error
+            raise self.failures.surfaced()
         self.iteration += 1
 
     def close(self):

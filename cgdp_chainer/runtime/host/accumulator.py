@@ -16,27 +16,63 @@ class FailureBox(object):
     """Holds the first exception raised by any CGDP thread.
 
     Every wait in the runtime polls :attr:`event`, so one failure stops all
-    threads promptly and nothing waits forever.
+    threads promptly and nothing waits forever. A thread that stops
+    because of another's failure raises :class:`Aborted`, which is never
+    the error a caller sees (:meth:`surfaced`).
     """
+
+    # Seconds the caller gives the original failure to be recorded, where
+    # an Aborted reached it first (a thread that saw the stop before the
+    # failing one filed its error).
+    RECORD_GRACE_SECONDS = 5.0
 
     def __init__(self):
         self.event = threading.Event()
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self.error = None
 
     def fail(self, error, where):
+        """Records ``error`` (raised in ``where``) if it is the first, and
+        stops every thread. An :class:`Aborted` is only a stop: it records
+        nothing."""
         with self._lock:
-            if self.error is None:
+            if self.error is None and not isinstance(error, Aborted):
                 try:
                     error.add_note('(raised in the CGDP {})'.format(where))
                 except AttributeError:
                     pass
                 self.error = error
+                self._lock.notify_all()
         self.event.set()
 
     @property
     def failed(self):
         return self.event.is_set()
+
+    def surfaced(self, caught=None):
+        """The exception for the caller to raise: ``caught`` (what its own
+        code raised), unless that is an :class:`Aborted`, for which the
+        first recorded failure (its type, message, notes and the traceback
+        of the thread that raised it), waited for a moment where it is not
+        recorded yet.
+
+        Args:
+            caught (BaseException or None): None: the recorded failure.
+
+        Returns:
+            BaseException: Never an :class:`Aborted`.
+        """
+        if caught is not None and not isinstance(caught, Aborted):
+            return caught
+        with self._lock:
+            self._lock.wait_for(lambda: self.error is not None,
+                                self.RECORD_GRACE_SECONDS)
+            if self.error is not None:
+                return self.error
+        return RuntimeError(
+            'a CGDP thread stopped the iteration, but no failure was '
+            'recorded within {} s (a bug of CGDP: please report it with '
+            'this traceback)'.format(self.RECORD_GRACE_SECONDS))
 
 
 def describe_error(error):

@@ -69,6 +69,10 @@ POLL_SECONDS = (2e-5, 1e-3)
 # its delivered flag, with no fence. Elsewhere each rank keeps its own host.
 ORDERED_STORE_MACHINES = ('x86_64', 'AMD64', 'i686', 'i386')
 
+# Seconds a rank that sees another of its node stop on an error gives that
+# rank's own words to arrive (the update-count watch polls every 0.05 s).
+PEER_WORDS_SECONDS = 2.0
+
 # Elements of a part start on a cache line: two ranks never write one.
 _PART_ALIGN_BYTES = 64
 
@@ -220,7 +224,9 @@ class NodeMemory(object):
             self.arena.unlink_name()
 
     def mark_failed(self):
-        self.failed[0] = 1
+        """Tells the node's other ranks that this one stopped on an error
+        (its local rank, plus one)."""
+        self.failed[0] = self.group.local_rank + 1
 
     def close(self):
         """Unmaps the segment; every view of it must be gone by then (the
@@ -325,10 +331,15 @@ class NodeAccumulator(accumulator_module.HostAccumulator):
         pause, longest = POLL_SECONDS
         while (flags < target).any():
             if self.memory.failed[0]:
+                # Its own words come through the update-count watch, if
+                # it hears them in time.
+                if self.failures.event.wait(PEER_WORDS_SECONDS):
+                    raise accumulator_module.Aborted()
                 raise RuntimeError(
-                    'another rank of this node stopped on an error while '
+                    'local rank {} of this node stopped on an error while '
                     'the node\'s host was updating chunk {}; its own error '
-                    'is on its output'.format(chunk))
+                    'is on its output'.format(
+                        int(self.memory.failed[0]) - 1, chunk))
             if self._stopping.is_set() or self.failures.failed:
                 raise accumulator_module.Aborted()
             time.sleep(pause)
