@@ -439,9 +439,10 @@ class ClipAfter(object):
         numpy.clip(param.array, -0.9, 0.9, out=param.array)
 
 
-@pytest.mark.parametrize('kind', ['adam', 'momentum_sgd'])
+@pytest.mark.parametrize('kind, shares', [('adam', [0.5, 0.5]),
+                                          ('momentum_sgd', [0.25, 0.75])])
 def test_rule_hooks_without_a_fused_form_keep_the_update_fused(backend,
-                                                               kind):
+                                                               kind, shares):
     def customize(rig):
         rig.model.w1.update_rule.add_hook(any_models.GradientScaling(3.0))
         rig.model.b2.update_rule.add_hook(any_models.GradientScaling(0.5))
@@ -458,8 +459,8 @@ def test_rule_hooks_without_a_fused_form_keep_the_update_fused(backend,
     try:
         for _ in range(ITERATIONS):
             gradients = make_gradients(rng, 2)
-            fused.step(gradients, [0.5, 0.5])
-            reference.step(gradients, [0.5, 0.5])
+            fused.step(gradients, shares)
+            reference.step(gradients, shares)
         # After Chainer's first update created the state, all four.
         assert fused_names(fused) == ['/b1', '/b2', '/w1', '/w2']
     finally:

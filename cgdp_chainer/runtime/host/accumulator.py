@@ -469,8 +469,7 @@ class HostAccumulator(object):
             # Fused runs are reduced inside their update.
             program = self._program(chunk, names)
             with self._span('reduce', chunk):
-                self._reduce(program.unfused + program.frozen_names() +
-                             program.hooked_names())
+                self._reduce(program.unfused + program.frozen_names())
         else:
             # The cross-rank sum needs every reduced gradient first.
             with self._span('reduce', chunk):
@@ -483,9 +482,12 @@ class HostAccumulator(object):
             if program.runs:
                 self._fused_update(program.runs,
                                    from_slots=self.allreducer is None)
-            self._update_hooked(program.hooked,
-                                self._grad_buffer if self.allreducer else
-                                self.transfers[0].slot_buffer)
+            if self.allreducer is None:
+                self._update_hooked(program.hooked,
+                                    self.transfers[0].slot_buffer,
+                                    from_slots=True)
+            else:
+                self._update_hooked(program.hooked, self._grad_buffer)
         if program.unfused:
             # Chainer's rules may rebind arrays, and their first update
             # creates the state that lets the next iteration fuse.
@@ -711,7 +713,8 @@ class HostAccumulator(object):
             if write:
                 self.fused_grad_writes += len(calls)
 
-    def _update_hooked(self, hooked, grad_buffer, parts=None):
+    def _update_hooked(self, hooked, grad_buffer, parts=None,
+                       from_slots=False):
         """Updates parameters whose rules have hooks of their own, each as
         ``UpdateRule.update`` does, with the fused kernel: the gradient
         (reduced into ``grad_buffer``, which ``param.grad`` views) goes
@@ -723,9 +726,12 @@ class HostAccumulator(object):
         Args:
             hooked (list): ``(Run, [rule])`` per parameter.
             grad_buffer (numpy.ndarray): The flat buffer holding their
-                reduced gradients.
+                reduced gradients (``from_slots``: where they go, the first
+                device's slot).
             parts (list or None): Per parameter, whether this process
                 updates it (the node's ranks share the work); None: all.
+            from_slots (bool): Reduce the devices' slots first, in one pass
+                with the optimizer's hooks.
         """
         if not hooked:
             return
@@ -740,7 +746,10 @@ class HostAccumulator(object):
             param = self.master_params[name]
             p = buffers.typed(self.master.buffer, run)
             grad = buffers.typed(grad_buffer, run)
-            host_update_module.apply_hooks(p, grad, self._hook_program)
+            if from_slots:
+                self._hooked_gradient(p, grad, run)
+            else:
+                host_update_module.apply_hooks(p, grad, self._hook_program)
             view = grad.reshape(param.shape)
             host_update_module.call_rule_hooks(rule, param, 'pre', view)
             state = tuple(self._state.typed(key, run) for key in
@@ -751,6 +760,16 @@ class HostAccumulator(object):
             host_update_module.call_rule_hooks(rule, param, 'post', view)
         with self._lock:
             self.fused_calls += len(hooked)
+
+    def _hooked_gradient(self, p, grad, run):
+        """The devices' slots of ``run``, reduced with their weights and
+        put through the optimizer's hooks in one pass into ``grad``."""
+        weights = self._weights
+        weighted = not all(w == weights[0] for w in weights)
+        host_update_module.gradient_pass(
+            p, [buffers.typed(t.slot_buffer, run) for t in self.transfers],
+            weights if weighted else weights[:1], weighted,
+            self._hook_program, grad)
 
     def _update(self, names):
         optimizer = self.optimizer

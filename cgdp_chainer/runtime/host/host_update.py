@@ -485,12 +485,30 @@ def apply_hooks(p, grad, program):
         grad (numpy.ndarray): Their flat float32 gradient, changed.
         program (tuple): From :func:`hook_program` (``divide=False``).
     """
-    codes, args = program
-    if codes.size == 0:
+    if program[0].size == 0:
         return
-    one = numpy.ones(1, numpy.float32)
-    for _ in _gradient_blocks(p, (grad,), 1, one, False, codes, args, grad,
-                              True, 0, grad.size):
+    gradient_pass(p, (grad,), [1.0], False, program, grad)
+
+
+def gradient_pass(p, slots, weights, weighted, program, gout):
+    """``gout`` = the hook program applied to the slots' (weighted) sum, in
+    one blocked pass: the gradient a fused update would use, stored for
+    the rule's own hooks (see :func:`call_rule_hooks`). ``gout`` may be
+    one of the slots (each block is read before it is written).
+
+    Args:
+        p (numpy.ndarray): The parameters' flat float32 values.
+        slots (sequence of numpy.ndarray): Flat float32 gradients to sum.
+        weights (list of float): As for :meth:`HostUpdate.update`.
+        weighted (bool): As for :meth:`HostUpdate.update`.
+        program (tuple): From :func:`hook_program`.
+        gout (numpy.ndarray): Where the gradient goes.
+    """
+    codes, args = program
+    for _ in _gradient_blocks(p, tuple(slots), len(slots),
+                              numpy.asarray(weights, numpy.float32),
+                              bool(weighted), codes, args, gout, True, 0,
+                              gout.size):
         pass
 
 
