@@ -572,10 +572,7 @@ class _RankTraining(object):
         # builds many, say).
         atexit.unregister(self.close)
         # First: a peer waiting in a later update() hears it at once.
-        error = self.failures.error
-        self.update_counts.close(
-            None if error is None else
-            accumulator_module.describe_error(error))
+        self.update_counts.close(self.failures.words())
         self.accumulator.close()
         if self.allreducer is not None:
             self.allreducer.close(abandon=self.failures.failed)

@@ -834,7 +834,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         self._closed = True
         if self._update_counts is not None:
             # First: a peer waiting in a later update() hears it at once.
-            self._update_counts.close()
+            self._update_counts.close(self._failures.words())
         if self._input_path is not None:
             self._input_path.close()  # its threads end with the workers
         # The host threads end first: they read the replicas' buffers,

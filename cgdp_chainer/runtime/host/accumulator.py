@@ -49,6 +49,12 @@ class FailureBox(object):
     def failed(self):
         return self.event.is_set()
 
+    def words(self):
+        """The recorded failure's type and message in words
+        (:func:`describe_error`), or None: what a peer rank is told."""
+        error = self.error
+        return None if error is None else describe_error(error)
+
     def surfaced(self, caught=None):
         """The exception for the caller to raise: ``caught`` (what its own
         code raised), unless that is an :class:`Aborted`, for which the
