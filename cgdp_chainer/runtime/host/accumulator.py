@@ -772,7 +772,7 @@ class HostAccumulator(object):
         put through the optimizer's hooks in one pass into ``grad``."""
         weights = self._weights
         weighted = not all(w == weights[0] for w in weights)
-        host_update_module.gradient_pass(
+        self._host_update.gradient(
             p, [buffers.typed(t.slot_buffer, run) for t in self.transfers],
             weights if weighted else weights[:1], weighted,
             self._hook_program, grad)

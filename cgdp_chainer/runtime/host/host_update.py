@@ -57,6 +57,7 @@ parameter (:func:`frozen`) is not updated at all.
 """
 import concurrent.futures
 import copy
+import functools
 import math
 import os
 import time
@@ -490,7 +491,8 @@ def apply_hooks(p, grad, program):
     gradient_pass(p, (grad,), [1.0], False, program, grad)
 
 
-def gradient_pass(p, slots, weights, weighted, program, gout):
+def gradient_pass(p, slots, weights, weighted, program, gout, begin=0,
+                  end=None):
     """``gout`` = the hook program applied to the slots' (weighted) sum, in
     one blocked pass: the gradient a fused update would use, stored for
     the rule's own hooks (see :func:`call_rule_hooks`). ``gout`` may be
@@ -503,12 +505,13 @@ def gradient_pass(p, slots, weights, weighted, program, gout):
         weighted (bool): As for :meth:`HostUpdate.update`.
         program (tuple): From :func:`hook_program`.
         gout (numpy.ndarray): Where the gradient goes.
+        begin, end (int or None): The range of elements (default: all).
     """
     codes, args = program
     for _ in _gradient_blocks(p, tuple(slots), len(slots),
                               numpy.asarray(weights, numpy.float32),
-                              bool(weighted), codes, args, gout, True, 0,
-                              gout.size):
+                              bool(weighted), codes, args, gout, True, begin,
+                              gout.size if end is None else end):
         pass
 
 
@@ -951,6 +954,12 @@ class HostUpdate(object):
         """The fused hook program for these optimizer hooks (and the loss
         scale), or None (see :func:`hook_program`)."""
         return hook_program(pre, post, loss_scale, divide)
+
+    def gradient(self, p, slots, weights, weighted, program, gout):
+        """:func:`gradient_pass`, cut into pieces for the host threads."""
+        job = functools.partial(gradient_pass, p, slots, weights, weighted,
+                                program, gout)
+        self._pool.run([(job, gout.size)], NUMPY_BLOCK)
 
     def update(self, params, slots, weights, weighted, program, grads=None):
         """Sums, hooks and updates each parameter in one pass.
