@@ -385,8 +385,10 @@ class NodeAccumulator(accumulator_module.HostAccumulator):
         with Chainer), the ranks taking such parameters in turn."""
         fused_rule = self._host_update.fused_rule
         mine = [self._owns(run) for run, _ in program.hooked]
-        whole = [self._part_of(run, whole=True)[:3] + ((), None)
-                 for (run, _), own in zip(program.hooked, mine) if own]
+        whole = [part[:3] + ((), None) for part in (
+            self._part_of(run, whole=True)
+            for (run, _), own in zip(program.hooked, mine) if own)
+            if part is not None]
         self._reduce_and_update(chunk, fused_rule, program.runs,
                                 program.frozen, whole)
         self._update_hooked(program.hooked, self._grad_buffer, mine)
