@@ -32,6 +32,14 @@ iterations (median and best) of ``Adam`` with
 ``MomentumSGD``, each pair in turns; the
 ratio's target is <= 1.10 (both fused: the same arrays move).
 
+``--rule-hooks N`` adds a rule hook without a fused form (issue 44):
+ChainerCV's ``GradientScaling``, which multiplies ``param.grad`` by a rate
+before the update, added as ChainerCV's FCIS and SSD scripts add it (to
+every bias) and to every parameter, on the same host-bound model with Adam,
+N measured iterations (median and best) of each against the model without
+it, in turns; the ratio's target is <= 1.10 (the update stays fused, the
+hook runs on the reduced gradient in between).
+
 ``--training N`` adds the effect in training: CGDP with Adam on the network
 at 64 px, batch 4 per replica, 2 ``'@numpy'`` replicas, N measured
 iterations (median, after 2 warm-up ones) with the fused rules and with
@@ -42,7 +50,8 @@ Usage::
     python -m benchmarks.host_update [--net resnet152] [--slots 1,2,4]
         [--optimizers momentum_sgd,adam] [--repeats 3] [--threads N]
         [--backends numba,numpy] [--no-chainer] [--no-grads] [--training N]
-        [--spellings N] [--spelling-units 4096] [--spelling-layers 4]
+        [--spellings N] [--rule-hooks N] [--spelling-units 4096]
+        [--spelling-layers 4]
         [--no-rules]
 """
 import models  # NOQA: first, so cgdp_chainer._compat runs before Chainer
@@ -175,10 +184,11 @@ SPELLING_TARGET = 1.10
 
 
 def host_bound_updater(make_optimizer, make_hooks, units, layers,
-                       n_replicas=2, batch=2):
+                       n_replicas=2, batch=2, hooked=None):
     """CGDP over ``n_replicas`` '@numpy' replicas of ``layers``
     ``Linear(units, units)`` on a tiny batch: the host's update is most of
-    an iteration."""
+    an iteration. ``hooked(name)``: whether that parameter's rule gets
+    :func:`scale_gradient` (None: none does)."""
     rng = numpy.random.RandomState(0)
     model = chainer.links.Classifier(chainer.Sequential(*[
         chainer.links.Linear(units, units, initialW=chainer.initializers
@@ -188,6 +198,9 @@ def host_bound_updater(make_optimizer, make_hooks, units, layers,
     optimizer.setup(model)
     for hook in make_hooks():
         optimizer.add_hook(hook)
+    for name, param in model.namedparams():
+        if hooked is not None and hooked(name):
+            param.update_rule.add_hook(scale_gradient, name='GradientScaling')
     n = batch * n_replicas
     data = chainer.datasets.TupleDataset(
         rng.uniform(-1, 1, (n, units)).astype(numpy.float32),
@@ -219,6 +232,44 @@ def spelling_verdicts(iterations, units, layers):
     return verdicts
 
 
+def scale_gradient(rule, param):
+    """What ChainerCV's ``GradientScaling(3)`` does to a parameter's
+    gradient before its update (ChainerCV is not a dependency)."""
+    param.grad *= param.grad.dtype.type(3)
+
+
+# Where the rule hook goes: label -> which parameters (by name) get it.
+RULE_HOOK_CASES = (
+    ('GradientScaling on every bias', lambda name: name.endswith('/b')),
+    ('GradientScaling on every parameter', lambda name: True),
+)
+
+
+def rule_hook_verdicts(iterations, units, layers):
+    """Each rule-hook case's iteration time over the unhooked model's,
+    all timed in turns on the host-bound model with Adam."""
+    adam = functools.partial(chainer.optimizers.Adam, alpha=1e-4)
+    cases = dict(RULE_HOOK_CASES)
+    cases['no rule hook'] = None
+    times = seconds_in_turns(
+        {label: functools.partial(host_bound_updater, adam, list, units,
+                                  layers, hooked=hooked)
+         for label, hooked in cases.items()}, iterations)
+    plain = times['no rule hook']
+    verdicts = []
+    for label, _ in RULE_HOOK_CASES:
+        ours = times[label]
+        verdicts.append(
+            '{} layers of Linear({u}, {u}), Adam, 2 @numpy replicas: {} '
+            '{:.4f} s/iteration (best {:.4f}), no rule hook {:.4f} s (best '
+            '{:.4f}); ratio {:.2f} (best: {:.2f}; target <= {:.2f})'.format(
+                layers, label, statistics.median(ours), min(ours),
+                statistics.median(plain), min(plain),
+                statistics.median(ours) / statistics.median(plain),
+                min(ours) / min(plain), SPELLING_TARGET, u=units))
+    return verdicts
+
+
 def parse_arguments(argv):
     """The command line, checked; exits with 2 on bad input."""
     parser = cli.ArgumentParser(description=__doc__.splitlines()[0])
@@ -245,6 +296,11 @@ def parse_arguments(argv):
                         help='measured CGDP iterations of each spelling '
                         'of a script against its canonical twin on a '
                         'host-bound model (0: skip)')
+    parser.add_argument('--rule-hooks', default=0,
+                        type=cli.non_negative_int,
+                        help='measured CGDP iterations of the host-bound '
+                        'model with a rule hook without a fused form '
+                        '(GradientScaling) against it without (0: skip)')
     parser.add_argument('--spelling-units', default=4096,
                         type=cli.positive_int,
                         help="units of the host-bound model's layers")
@@ -354,6 +410,9 @@ def main(argv=None):
     if args.spellings:
         verdicts += spelling_verdicts(args.spellings, args.spelling_units,
                                       args.spelling_layers)
+    if args.rule_hooks:
+        verdicts += rule_hook_verdicts(args.rule_hooks, args.spelling_units,
+                                       args.spelling_layers)
     if args.training:
         fused, plain = training_seconds(args.net, args.training)
         verdicts.append(

@@ -61,6 +61,48 @@ class IterationDependent(chainer.Chain):
         return self.out(F.relu(branch(h)))
 
 
+class Unchained(chainer.Chain):
+    """Cuts its graph after ``stem`` (``unchain_backward()``, as FCIS's
+    extractor does after res2), so ``stem`` never gets a gradient; ``side``
+    runs only without backprop, and ``a`` only on odd calls."""
+
+    def __init__(self, seed=0, n_in=6, n_hidden=8, n_out=5):
+        super(Unchained, self).__init__()
+        rng = numpy.random.RandomState(seed)
+        with self.init_scope():
+            self.stem = _linear(rng, n_in, n_hidden)
+            self.side = _linear(rng, n_hidden, n_hidden)
+            self.a = _linear(rng, n_hidden, n_hidden)
+            self.out = _linear(rng, n_hidden, n_out)
+        self.calls = 0
+
+    def forward(self, x):
+        h = F.relu(self.stem(x))
+        h.unchain_backward()
+        with chainer.no_backprop_mode():
+            h = h + 0.1 * self.side(h).array
+        if self.calls % 2 == 1:
+            h = F.tanh(self.a(h))
+        self.calls += 1
+        return self.out(h)
+
+
+class GradientScaling(object):
+    """ChainerCV 0.13's update-rule hook (written here: ChainerCV is not a
+    dependency): scales the gradient in place before the update."""
+
+    name = 'GradientScaling'
+    call_for_each_param = True
+
+    def __init__(self, rate):
+        self.rate = rate
+
+    def __call__(self, rule, param):
+        g = param.grad
+        with chainer.using_device(param.device):
+            g *= self.rate
+
+
 class MLP(chainer.Chain):
     """Chainer's MNIST example network: lazily initialized layers."""
 

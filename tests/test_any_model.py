@@ -127,6 +127,63 @@ def test_a_graph_that_changes_with_the_iteration(workers):
                    ['/predictor/a/W', '/predictor/b/W'])
 
 
+@pytest.mark.parametrize('workers', WORKERS)
+def test_a_cut_graph_trains_as_with_standard_updater(workers):
+    # stem and side never get a gradient, a only in odd iterations: all
+    # count as zeros (weight decay and momentum still move them), as
+    # Chainer's optimizer.update() fills a missing gradient with zeros.
+    base = L.Classifier(any_models.Unchained())
+    data = staged_models.dataset(n=30)
+    expected = train(copy.deepcopy(base), 'momentum', standard,
+                     iterations=4, data=data)
+    actual = train(copy.deepcopy(base), 'momentum',
+                   cgdp(2, chunk_size=1, workers=workers), iterations=4,
+                   data=data)
+    assert_same_params(expected, actual)
+    assert_trained(_initial(base), expected,
+                   ['/predictor/stem/W', '/predictor/side/W',
+                    '/predictor/a/W'])
+
+
+@pytest.mark.parametrize('workers', WORKERS)
+def test_rule_hooks_without_a_fused_form_train_as_with_standard_updater(
+        workers):
+    # ChainerCV's GradientScaling on the biases and on one weight, with
+    # MomentumSGD (Adam would hide a scaling), the optimizer's WeightDecay
+    # and a static loss scale: the hooks run
+    # on the host between the gradient and the fused update, in Chainer's
+    # order (optimizer hooks, the scale's division, the rule's hooks).
+    def hooked(model):
+        for name, param in model.namedparams():
+            if name.endswith('/b') or name == '/predictor/out/W':
+                param.update_rule.add_hook(any_models.GradientScaling(3.0))
+        return model
+
+    base = L.Classifier(any_models.Unchained())
+    data = staged_models.dataset(n=30)
+
+    def make(kind):
+        def make_updater(iterator, optimizer):
+            hooked(optimizer.target)
+            if kind == 'standard':
+                return chainer.training.updaters.StandardUpdater(
+                    iterator, optimizer, loss_scale=64.0)
+            return cgdp_chainer.CGDPUpdater(
+                iterator, optimizer, ['@numpy'] * 2, chunk_size=1,
+                workers=workers, loss_scale=64.0)
+        return make_updater
+
+    expected = train(copy.deepcopy(base), 'momentum', make('standard'),
+                     iterations=4, data=data)
+    actual = train(copy.deepcopy(base), 'momentum', make('cgdp'),
+                   iterations=4, data=data)
+    assert_same_params(expected, actual)
+    without = train(copy.deepcopy(base), 'momentum', standard, iterations=4,
+                    data=data)
+    assert not numpy.allclose(without['/predictor/out/W'],
+                              expected['/predictor/out/W'])
+
+
 def _images(n, size, n_classes, seed=0):
     rng = numpy.random.RandomState(seed)
     return chainer.datasets.TupleDataset(

@@ -161,6 +161,21 @@ def test_a_frozen_parameter_does_not_keep_the_node_host_off():
     assert refusal(optimizers.MomentumSGD(), customize=freeze) is None
 
 
+def replace_rule(model):
+    model.predictor.layers[1].b.update_rule = \
+        optimizers.AdaGrad().create_update_rule()
+
+
+def test_a_rule_hook_without_a_fused_form_keeps_the_node_host():
+    # ChainerCV's GradientScaling, say: it runs between the gradient and
+    # the fused update (tests/test_host_update.py).
+    def scale(model):
+        model.predictor.layers[1].b.update_rule.add_hook(
+            lambda rule, param: None, name='GradientScaling')
+
+    assert refusal(optimizers.SGD(), customize=scale) is None
+
+
 @pytest.mark.parametrize('make_optimizer, hooks, customize, words', [
     (lambda: optimizers.Adam(), [HalvedDecay(1e-4)], None,
      'hook HalvedDecay (a subclass of WeightDecay that overrides __call__) '
@@ -170,12 +185,11 @@ def test_a_frozen_parameter_does_not_keep_the_node_host_off():
      'has no fused host rule'),
     (lambda: optimizers.SMORMS3(), [], None,
      'SMORMS3 has no fused host rule'),
-    (lambda: optimizers.SGD(), [], lambda model: model.predictor.layers[
-        1].b.update_rule.add_hook(optimizer_hooks.WeightDecay(1e-4)),
+    (lambda: optimizers.SGD(), [], replace_rule,
      'parameter /predictor/layers/1/b is not updated by a fused rule (its '
-     'rule has hook(s) of its own: WeightDecay)'),
+     'rule is AdaGradRule)'),
 ], ids=['changed_hook', 'changed_optimizer', 'other_optimizer',
-        'rule_hook'])
+        'replaced_rule'])
 def test_where_the_node_host_cannot_it_names_the_class(
         make_optimizer, hooks, customize, words):
     assert refusal(make_optimizer(), hooks, customize) == words

@@ -19,6 +19,8 @@ import chainer
 from chainer import optimizer_hooks
 from chainer import optimizers
 
+import any_models
+
 ITERATIONS = 4
 RTOL = 1e-6
 # One array above host_update.MIN_SPLIT, so chunks are split across threads.
@@ -120,7 +122,7 @@ class FusedRig(object):
                 self.acc.deliver(device, chunk, None)
         self.acc.wait()
         if self.failures.failed:
-            raise self.failures.error
+            raise self.failures.surfaced()
         self.iteration += 1
 
     def close(self):
@@ -392,8 +394,9 @@ def test_whole_gradient_hook_keeps_the_deferred_update(backend):
 
 
 def test_per_parameter_exceptions_take_chainers_path(backend):
-    # A rule with its own hook, a replaced rule and a disabled rule run
-    # through Chainer; the other parameters stay fused.
+    # A replaced rule runs through Chainer, a disabled one not at all; a
+    # rule with its own hook stays fused (the hook runs in between), as do
+    # the other parameters.
     def customize(rig):
         rig.model.w2.update_rule.add_hook(optimizer_hooks.WeightDecay(0.1))
         rig.model.b1.update_rule = optimizers.SGD(lr=0.2).create_update_rule()
@@ -411,11 +414,62 @@ def test_per_parameter_exceptions_take_chainers_path(backend):
             gradients = make_gradients(rng, 2)
             fused.step(gradients, [0.5, 0.5])
             reference.step(gradients, [0.5, 0.5])
-        assert fused_names(fused) == ['/w1']
+        assert fused_names(fused) == ['/w1', '/w2']
     finally:
         fused.close()
     assert_same(reference.model, fused.model)
     numpy.testing.assert_array_equal(fused.model.b2.array, before)
+
+
+class Halving(object):
+    """A user's hook that gives param.grad a new array."""
+
+    name = 'Halving'
+
+    def __call__(self, rule, param):
+        param.grad = param.grad * numpy.float32(0.5) + rule.t
+
+
+class ClipAfter(object):
+    """A user's post-update hook on the new values."""
+
+    name = 'ClipAfter'
+
+    def __call__(self, rule, param):
+        numpy.clip(param.array, -0.9, 0.9, out=param.array)
+
+
+@pytest.mark.parametrize('kind, shares', [('adam', [0.5, 0.5]),
+                                          ('momentum_sgd', [0.25, 0.75])])
+def test_rule_hooks_without_a_fused_form_keep_the_update_fused(backend,
+                                                               kind, shares):
+    def customize(rig):
+        rig.model.w1.update_rule.add_hook(any_models.GradientScaling(3.0))
+        rig.model.b2.update_rule.add_hook(any_models.GradientScaling(0.5))
+        rig.model.b1.update_rule.add_hook(Halving())
+        rig.model.w2.update_rule.add_hook(ClipAfter(), timing='post')
+
+    rng = numpy.random.RandomState(5)
+    make = FUSED_OPTIMIZERS[kind]
+    hooks = [optimizer_hooks.WeightDecay(0.01)]
+    fused = FusedRig(make, hooks, 2, 'mean')
+    reference = ChainerRig(make, hooks, 'mean')
+    customize(fused)
+    customize(reference)
+    try:
+        for _ in range(ITERATIONS):
+            gradients = make_gradients(rng, 2)
+            fused.step(gradients, shares)
+            reference.step(gradients, shares)
+        # After Chainer's first update created the state, all four.
+        assert fused_names(fused) == ['/b1', '/b2', '/w1', '/w2']
+    finally:
+        fused.close()
+    assert_same(reference.model, fused.model)
+    for name, param in reference.model.namedparams():
+        numpy.testing.assert_allclose(
+            dict(fused.model.namedparams())[name].grad, param.grad,
+            rtol=RTOL, err_msg=name)
 
 
 def test_snapshot_and_resume_equal_chainer(tmp_path, backend):

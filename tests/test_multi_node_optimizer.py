@@ -127,6 +127,27 @@ def test_chunks_leave_during_the_optimizers_backward_and_changes_are_refused(
               'optimizer-overlap')
 
 
+@pytest.mark.mpi
+def test_cut_graphs_and_rule_hooks_train_as_with_chainermn(mpiexec):
+    # The script: a first layer cut off by unchain_backward() (also frozen,
+    # also with a host per rank), a branch used in odd iterations only,
+    # and ChainerCV's GradientScaling on a layer's rules (the node's host
+    # still shared), each in both call forms, equal to ChainerMN's
+    # optimizer on the same batches.
+    assert_ok(run_mpi('optimizer_cut_graphs.py', timeout=120),
+              'optimizer-cut-graphs')
+
+
+@pytest.mark.mpi
+def test_another_ranks_failure_is_named_in_every_run(mpiexec):
+    # The script: 20 runs in one job; rank 1 fails in a host thread or in
+    # its loss function, both ranks catch: rank 1 its own error, rank 0 one
+    # naming rank 1 and its error (never a bare Aborted).
+    job = run_mpi('optimizer_failures.py', timeout=150)
+    assert_ok(job, 'optimizer-failures')
+    assert job.segments_left == []
+
+
 def test_uninitialized_and_device_parameters_are_named():
     from cgdp_chainer.runtime import multi_node_optimizer
     lazy = L.Linear(None, 2)

@@ -417,6 +417,48 @@ def test_gradient_set_behind_the_traversal_is_refused():
             y, lambda name, used: None)
 
 
+def test_a_cut_off_parameter_given_its_gradient_while_the_backward_runs():
+    # As the multi-node optimizer's host does: an unused parameter's chunk
+    # leaves at once, and its param.grad becomes the host's array while
+    # the traversal still runs (FCIS's unchain_backward() after res2).
+    model = Branchy()
+    x = _x((2, 4))
+    h = F.relu(model.l1(x))
+    h.unchain_backward()
+    loss = F.sum(model.l3(model.l2(h)) ** 2)
+    model.cleargrads()
+    given = {}
+
+    def on_ready(name, used):
+        if not used:
+            param = dict(model.namedparams())[name]
+            param.grad = given[name] = numpy.zeros_like(param.array)
+
+    report = readiness.ReadinessBackward(model.namedparams()).backward(
+        loss, on_ready)
+    assert {'/l1/W', '/l1/b'} <= set(report.unused)
+    for name, param in model.namedparams():
+        if name in given:
+            assert param.grad is given[name], name
+        else:
+            assert param.grad is not None, name
+
+
+def test_a_nested_backward_names_the_function_and_the_parameter():
+    model = Branchy()
+    h = model.l1(_x((2, 4)))
+    y, = _InnerBackward(model.unused).apply((F.sum(h),))
+    model.cleargrads()
+    with pytest.raises(readiness.UnsupportedGraphError) as error:
+        readiness.ReadinessBackward(model.namedparams()).backward(
+            y, lambda name, used: None)
+    message = str(error.value)
+    assert '_InnerBackward' in message and 'LinearFunction' in message
+    assert '/unused/' in message and model.unused.W.grad is None
+    # The watch is gone with the traversal.
+    assert 'CGDPNestedBackwardWatch' not in chainer.get_function_hooks()
+
+
 @pytest.mark.parametrize('loss_scale', [None, 128.0, 3.0])
 def test_loss_scale_scales_as_backward_does(loss_scale):
     reference, model = Branchy(), Branchy()

@@ -148,8 +148,9 @@ def test_an_updater_rank_whose_update_raises_ends_the_job_without_hooks(
     assert job.returncode != 0, job.output
     for words in ('ValueError: batch 4 fails on purpose',
                   'RuntimeError: rank 1 stopped on an error in its update() '
-                  'call 4 (its own error is on its output), so update() '
-                  'call 4 of this rank would wait for it forever'):
+                  'call 4 (ValueError: batch 4 fails on purpose), so '
+                  'update() call 4 of this rank would wait for it '
+                  'forever'):
         assert words in job.output, job.output
     assert 'OK ' not in job.output
     assert job.segments_left == []

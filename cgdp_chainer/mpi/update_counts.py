@@ -172,6 +172,8 @@ class UpdateCountWatch(object):
         self._in_update = False
         self._update_began = None
         self._stopped = {}      # peer -> (its calls, completed) at its stop
+        self._peer_errors = {}  # peer -> its error, in words, if it failed
+        self._error_words = None  # this rank's, told with its stop
         self._closed = False    # this rank calls update() no more
         self._failed = False    # a peer's stop failed this rank's call
         self._asked = None      # the call for which the peers were asked
@@ -224,12 +226,20 @@ class UpdateCountWatch(object):
             self._in_update = False
             self.completed = self.calls
 
-    def close(self):
+    def close(self, error_words=None):
         """This rank calls ``update()`` no more: its counts (calls, and
         calls that returned) go to every peer. Does not wait for them; the
         watch's thread ends once every peer has stopped too. Safe to call
-        more than once."""
+        more than once.
+
+        Args:
+            error_words (str or None): The error that stopped this rank
+                (type and message, in words), which a peer waiting for it
+                names in its own error.
+        """
         with self._lock:
+            if not self._closed:
+                self._error_words = error_words
             self._closed = True
             self._in_update = False
 
@@ -247,7 +257,8 @@ class UpdateCountWatch(object):
                 self._take(self._comm.recv(source=source, tag=tag), source,
                            tag)
             with self._lock:
-                closed, counts = self._closed, (self.calls, self.completed)
+                closed, counts = self._closed, (self.calls, self.completed,
+                                                self._error_words)
             if closed and not told:
                 for peer in peers:
                     self._send(counts, peer, _STOPPED)
@@ -269,7 +280,8 @@ class UpdateCountWatch(object):
     def _take(self, message, source, tag):
         if tag == _STOPPED:
             with self._lock:
-                self._stopped[source] = tuple(message)
+                self._stopped[source] = tuple(message[:2])
+                self._peer_errors[source] = message[2]
                 error = None if self._failed else self._uneven_error()
                 self._failed = self._failed or error is not None
             if error is not None:
@@ -293,11 +305,13 @@ class UpdateCountWatch(object):
         failed = sorted(peer for peer, (calls, completed) in behind.items()
                         if completed < calls)
         if failed:
+            words = self._peer_errors.get(failed[0])
             return RuntimeError(
-                'rank {} stopped on an error in its update() call {} (its '
-                'own error is on its output), so update() call {} of this '
-                'rank would wait for it forever'.format(
-                    failed[0], behind[failed[0]][0], self.calls))
+                'rank {} stopped on an error in its update() call {} ({}), '
+                'so update() call {} of this rank would wait for it '
+                'forever'.format(
+                    failed[0], behind[failed[0]][0],
+                    words or 'its own error is on its output', self.calls))
         if not behind:
             return None
         counts = {peer: (calls, STOPPED)

@@ -238,7 +238,12 @@ class MultiNodeOptimizer(object):
             self._rank.check_model()  # before any work
         loss = None
         if lossfun is not None:
-            loss = lossfun(*args, **kwds)
+            try:
+                loss = lossfun(*args, **kwds)
+            except BaseException as error:
+                if self._rank is not None:
+                    self._rank.fail_outside(error)
+                raise
             # cleargrads also where ChainerMN zero-fills (_use_cleargrads
             # False): zeros plus the gradient is the gradient.
             target.cleargrads()
@@ -497,15 +502,31 @@ class _RankTraining(object):
         except BaseException as error:
             self.failures.fail(error, 'caller')
             self.close()
-            raise
+            surfaced = self.failures.surfaced(error)
+            if surfaced is error:
+                raise
+            raise surfaced from None
         if self.failures.failed:
             self.close()
-            raise self.failures.error
+            raise self.failures.surfaced()
         if self.replica is not None:
             self.port.finish(len(self.chunk_names))
         if timeline is not None:
             timeline.end_iteration(self.iteration, start, timeline.now())
         self.update_counts.end_update()
+
+    def fail_outside(self, error):
+        """The loss function that ``update()`` called raised: this update
+        counts as failed, so that a peer waiting in it names this rank and
+        its error, and this rank trains no more."""
+        if self._closed:
+            return
+        try:
+            self.update_counts.begin_update()
+        except Exception:
+            pass  # a peer stopped first: the error at hand goes out
+        self.failures.fail(error, 'caller (the loss function)')
+        self.close()
 
     def _backward(self, loss):
         plan = self.plan
@@ -557,7 +578,7 @@ class _RankTraining(object):
         # builds many, say).
         atexit.unregister(self.close)
         # First: a peer waiting in a later update() hears it at once.
-        self.update_counts.close()
+        self.update_counts.close(self.failures.words())
         self.accumulator.close()
         if self.allreducer is not None:
             self.allreducer.close(abandon=self.failures.failed)

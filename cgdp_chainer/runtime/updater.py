@@ -377,7 +377,10 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             # finalize() neither hangs nor leaks.
             self._failures.fail(error, 'caller')
             self._stop_replicas()
-            raise
+            surfaced = self._failures.surfaced(error)
+            if surfaced is error:
+                raise
+            raise surfaced from None
         if self._update_counts is not None:
             self._update_counts.end_update()
 
@@ -483,7 +486,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         sync_end = timeline.now() if timeline is not None else None
         if self._failures.failed:
             self._stop_replicas()
-            raise self._failures.error
+            raise self._failures.surfaced()
         if timeline is not None:
             self._record_events(results, start, sync_end)
         return results, seconds
@@ -610,7 +613,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         values = self._replicas.fetch_persistents(0)
         if self._failures.failed:
             self._stop_replicas()
-            raise self._failures.error
+            raise self._failures.surfaced()
         self._load_replica_persistents(values)
 
     @contextlib.contextmanager
@@ -873,7 +876,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         self._closed = True
         if self._update_counts is not None:
             # First: a peer waiting in a later update() hears it at once.
-            self._update_counts.close()
+            self._update_counts.close(self._failures.words())
         if self._input_path is not None:
             self._input_path.close()  # its threads end with the workers
         # The host threads end first: they read the replicas' buffers,

@@ -16,27 +16,69 @@ class FailureBox(object):
     """Holds the first exception raised by any CGDP thread.
 
     Every wait in the runtime polls :attr:`event`, so one failure stops all
-    threads promptly and nothing waits forever.
+    threads promptly and nothing waits forever. A thread that stops
+    because of another's failure raises :class:`Aborted`, which is never
+    the error a caller sees (:meth:`surfaced`).
     """
+
+    # Seconds the caller gives the original failure to be recorded, where
+    # an Aborted reached it first (a thread that saw the stop before the
+    # failing one filed its error).
+    RECORD_GRACE_SECONDS = 5.0
 
     def __init__(self):
         self.event = threading.Event()
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self.error = None
 
     def fail(self, error, where):
+        """Records ``error`` (raised in ``where``) if it is the first, and
+        stops every thread. An :class:`Aborted` is only a stop: it records
+        nothing."""
         with self._lock:
-            if self.error is None:
+            if self.error is None and not isinstance(error, Aborted):
                 try:
                     error.add_note('(raised in the CGDP {})'.format(where))
                 except AttributeError:
                     pass
                 self.error = error
+                self._lock.notify_all()
         self.event.set()
 
     @property
     def failed(self):
         return self.event.is_set()
+
+    def words(self):
+        """The recorded failure's type and message in words
+        (:func:`describe_error`), or None: what a peer rank is told."""
+        error = self.error
+        return None if error is None else describe_error(error)
+
+    def surfaced(self, caught=None):
+        """The exception for the caller to raise: ``caught`` (what its own
+        code raised), unless that is an :class:`Aborted`, for which the
+        first recorded failure (its type, message, notes and the traceback
+        of the thread that raised it), waited for a moment where it is not
+        recorded yet.
+
+        Args:
+            caught (BaseException or None): None: the recorded failure.
+
+        Returns:
+            BaseException: Never an :class:`Aborted`.
+        """
+        if caught is not None and not isinstance(caught, Aborted):
+            return caught
+        with self._lock:
+            self._lock.wait_for(lambda: self.error is not None,
+                                self.RECORD_GRACE_SECONDS)
+            if self.error is not None:
+                return self.error
+        return RuntimeError(
+            'a CGDP thread stopped the iteration, but no failure was '
+            'recorded within {} s (a bug of CGDP: please report it with '
+            'this traceback)'.format(self.RECORD_GRACE_SECONDS))
 
 
 def describe_error(error):
@@ -446,6 +488,12 @@ class HostAccumulator(object):
             if program.runs:
                 self._fused_update(program.runs,
                                    from_slots=self.allreducer is None)
+            if self.allreducer is None:
+                self._update_hooked(program.hooked,
+                                    self.transfers[0].slot_buffer,
+                                    from_slots=True)
+            else:
+                self._update_hooked(program.hooked, self._grad_buffer)
         if program.unfused:
             # Chainer's rules may rebind arrays, and their first update
             # creates the state that lets the next iteration fuse.
@@ -477,7 +525,7 @@ class HostAccumulator(object):
         if host_update is None or self._hook_program is None or not names:
             return _ChunkProgram([], list(names), [])
         fused_rule = host_update.fused_rule
-        runs, unfused, frozen = [], [], []
+        runs, unfused, frozen, hooked = [], [], [], []
         for run in self._layout.span(names).runs:
             group, key, still = [], None, []
             for name in run.names:
@@ -492,8 +540,16 @@ class HostAccumulator(object):
                 if still:
                     frozen.append(still)
                     still = []
-                if not fused_rule.fuses(param):
+                if not fused_rule.fuses_update(param):
                     unfused.append(name)
+                    runs.append(group)
+                    group, key = [], None
+                    continue
+                if host_update_module.rule_hooks(rule):
+                    # Its own hooks run between the gradient and the update.
+                    self._state.bind(name, rule,
+                                     fused_rule.state_keys_of(rule))
+                    hooked.append((self._layout.run_of([name]), [rule]))
                     runs.append(group)
                     group, key = [], None
                     continue
@@ -510,7 +566,8 @@ class HostAccumulator(object):
             [(self._layout.run_of(group),
               [self.master_params[name].update_rule for name in group])
              for group in runs if group], unfused,
-            [self._layout.run_of(still) for still in frozen if still])
+            [self._layout.run_of(still) for still in frozen if still],
+            hooked)
 
     def _own_grads(self, names):
         """Makes ``param.grad`` of ``names`` the accumulator's views again
@@ -551,7 +608,8 @@ class HostAccumulator(object):
         names = []
         for chunk, chunk_names in enumerate(self.chunk_names):
             program = self._program(chunk, chunk_names)
-            names += [name for run, _ in program.runs for name in run.names]
+            names += [name for run, _ in program.runs + program.hooked
+                      for name in run.names]
         return names
 
     def _reduce(self, names):
@@ -661,6 +719,64 @@ class HostAccumulator(object):
             if write:
                 self.fused_grad_writes += len(calls)
 
+    def _update_hooked(self, hooked, grad_buffer, parts=None,
+                       from_slots=False):
+        """Updates parameters whose rules have hooks of their own, each as
+        ``UpdateRule.update`` does, with the fused kernel: the gradient
+        (reduced into ``grad_buffer``, which ``param.grad`` views) goes
+        through the optimizer's hooks and the loss scale's division, then
+        the rule's pre-update hooks (any callable, run here as Chainer runs
+        them), the fused update with no hooks, and the rule's post-update
+        hooks.
+
+        Args:
+            hooked (list): ``(Run, [rule])`` per parameter.
+            grad_buffer (numpy.ndarray): The flat buffer holding their
+                reduced gradients (``from_slots``: where they go, the first
+                device's slot).
+            parts (list or None): Per parameter, whether this process
+                updates it (the node's ranks share the work); None: all.
+            from_slots (bool): Reduce the devices' slots first, in one pass
+                with the optimizer's hooks.
+        """
+        if not hooked:
+            return
+        fused_rule = self._host_update.fused_rule
+        no_hooks = host_update_module.hook_program([], [])
+        for index, (run, rules) in enumerate(hooked):
+            # Every rank of a node advances t; one updates.
+            scalars = fused_rule.advance_run(rules)
+            if parts is not None and not parts[index]:
+                continue
+            rule, (name,) = rules[0], run.names
+            param = self.master_params[name]
+            p = buffers.typed(self.master.buffer, run)
+            grad = buffers.typed(grad_buffer, run)
+            if from_slots:
+                self._hooked_gradient(p, grad, run)
+            else:
+                host_update_module.apply_hooks(p, grad, self._hook_program)
+            view = grad.reshape(param.shape)
+            host_update_module.call_rule_hooks(rule, param, 'pre', view)
+            state = tuple(self._state.typed(key, run) for key in
+                          fused_rule.kernel_state_keys(rule))
+            self._host_update.update_runs(
+                [(p, [grad], grad, state, scalars)], [1.0], False, no_hooks,
+                False)
+            host_update_module.call_rule_hooks(rule, param, 'post', view)
+        with self._lock:
+            self.fused_calls += len(hooked)
+
+    def _hooked_gradient(self, p, grad, run):
+        """The devices' slots of ``run``, reduced with their weights and
+        put through the optimizer's hooks in one pass into ``grad``."""
+        weights = self._weights
+        weighted = not all(w == weights[0] for w in weights)
+        self._host_update.gradient(
+            p, [buffers.typed(t.slot_buffer, run) for t in self.transfers],
+            weights if weighted else weights[:1], weighted,
+            self._hook_program, grad)
+
     def _update(self, names):
         optimizer = self.optimizer
         pre, post = optimizer_hooks(optimizer)
@@ -690,17 +806,23 @@ class HostAccumulator(object):
 
 class _ChunkProgram(object):
     """How one chunk is updated: its fused runs, as ``(Run, rules)``, the
-    parameters left to Chainer's rules, and the runs of frozen parameters
+    parameters left to Chainer's rules, the runs of frozen parameters
     (:func:`~cgdp_chainer.runtime.host.host_update.frozen`), whose
-    gradient is reduced and which are not updated."""
+    gradient is reduced and which are not updated, and the parameters
+    whose rules have hooks of their own, as ``(Run, [rule])`` each
+    (updated fused, their hooks run in between)."""
 
-    def __init__(self, runs, unfused, frozen):
+    def __init__(self, runs, unfused, frozen, hooked=()):
         self.runs = runs
         self.unfused = unfused
         self.frozen = frozen
+        self.hooked = list(hooked)
 
     def frozen_names(self):
         return [name for run in self.frozen for name in run.names]
+
+    def hooked_names(self):
+        return [name for run, _ in self.hooked for name in run.names]
 
 
 class _NullSpan(object):

@@ -41,8 +41,15 @@ the update (Chainer's deprecated aliases such as
 base's keeps Chainer's path (see
 :mod:`~cgdp_chainer.runtime.host.fused_classes`).
 
+A rule's own hooks (any per-parameter callable registered with
+``param.update_rule.add_hook``, such as ChainerCV's ``GradientScaling``) keep
+the update fused: the gradient goes through the optimizer's hooks first, then
+the rule's pre-update hooks run in Python on the parameter's whole gradient,
+then the fused update (:func:`call_rule_hooks`), in ``UpdateRule.update``'s
+order.
+
 What is not fused goes through Chainer's own update rule, unchanged: other
-optimizers, parameters whose rule was replaced or has its own hooks, a
+optimizers, parameters whose rule was replaced, a
 parameter whose state is not created yet (its first update creates it),
 dtypes other than float32, and any optimizer hook other than the three above
 (then no parameter of that optimizer is fused: hooks apply to all). A frozen
@@ -50,6 +57,7 @@ parameter (:func:`frozen`) is not updated at all.
 """
 import concurrent.futures
 import copy
+import functools
 import math
 import os
 import time
@@ -137,6 +145,34 @@ def rule_hooks(rule):
     hookable = rule._hookable
     return (list(hookable._pre_update_hooks.values()) +
             list(hookable._post_update_hooks.values()))
+
+
+def call_rule_hooks(rule, param, timing, grad):
+    """Runs one update rule's own ``'pre'`` or ``'post'`` hooks as
+    ``UpdateRule.update`` does (``hook(rule, param)``, in registration
+    order), with ``param.grad`` the array ``grad``; a hook that rebinds
+    ``param.grad`` has its new values copied into ``grad``, which stays
+    ``param.grad``.
+
+    Args:
+        rule (chainer.UpdateRule): The parameter's rule.
+        param (chainer.Parameter): The master parameter.
+        timing (str): ``'pre'`` or ``'post'``.
+        grad (numpy.ndarray): The gradient the update uses, of the
+            parameter's shape.
+    """
+    hookable = rule._hookable
+    hooks = (hookable._pre_update_hooks if timing == 'pre'
+             else hookable._post_update_hooks)
+    if not hooks:
+        return
+    if param.grad is not grad:
+        param.grad = grad
+    for hook in list(hooks.values()):
+        hook(rule, param)
+        if param.grad is not grad:
+            grad[...] = param.grad
+            param.grad = grad
 
 
 # The hooks with a fused form, and their codes in the program.
@@ -454,12 +490,32 @@ def apply_hooks(p, grad, program):
         grad (numpy.ndarray): Their flat float32 gradient, changed.
         program (tuple): From :func:`hook_program` (``divide=False``).
     """
-    codes, args = program
-    if codes.size == 0:
+    if program[0].size == 0:
         return
-    one = numpy.ones(1, numpy.float32)
-    for _ in _gradient_blocks(p, (grad,), 1, one, False, codes, args, grad,
-                              True, 0, grad.size):
+    gradient_pass(p, (grad,), [1.0], False, program, grad)
+
+
+def gradient_pass(p, slots, weights, weighted, program, gout, begin=0,
+                  end=None):
+    """``gout`` = the hook program applied to the slots' (weighted) sum, in
+    one blocked pass: the gradient a fused update would use, stored for
+    the rule's own hooks (see :func:`call_rule_hooks`). ``gout`` may be
+    one of the slots (each block is read before it is written).
+
+    Args:
+        p (numpy.ndarray): The parameters' flat float32 values.
+        slots (sequence of numpy.ndarray): Flat float32 gradients to sum.
+        weights (list of float): As for :meth:`HostUpdate.update`.
+        weighted (bool): As for :meth:`HostUpdate.update`.
+        program (tuple): From :func:`hook_program`.
+        gout (numpy.ndarray): Where the gradient goes.
+        begin, end (int or None): The range of elements (default: all).
+    """
+    codes, args = program
+    for _ in _gradient_blocks(p, tuple(slots), len(slots),
+                              numpy.asarray(weights, numpy.float32),
+                              bool(weighted), codes, args, gout, True, begin,
+                              gout.size if end is None else end):
         pass
 
 
@@ -503,7 +559,24 @@ class FusedRule(object):
     kernel_name = None
 
     def fuses(self, param):
-        """Whether ``param``'s update can run fused now.
+        """Whether ``param``'s update can run fused now, in one pass with
+        its gradient (its rule has no hooks of its own).
+
+        Args:
+            param (chainer.Parameter): A master parameter.
+
+        Returns:
+            bool: False where Chainer's own rule must run (see the module)
+            or the rule's own hooks must run between the gradient and the
+            update (:meth:`fuses_update`).
+        """
+        return self.fuses_update(param) and not rule_hooks(param.update_rule)
+
+    def fuses_update(self, param):
+        """Whether ``param``'s update itself can run fused now, its rule's
+        own hooks (any per-parameter callable, such as ChainerCV's
+        ``GradientScaling``) run before and after it as Chainer runs them
+        (:func:`call_rule_hooks`).
 
         Args:
             param (chainer.Parameter): A master parameter.
@@ -518,7 +591,7 @@ class FusedRule(object):
         if not _fusable_array(array, array.size if array is not None else 0):
             return False
         state = rule.state
-        if state is None or rule_hooks(rule):
+        if state is None:
             return False
         for key in self.state_keys_of(rule):
             if key not in state or not _fusable_array(state[key], array.size):
@@ -885,6 +958,12 @@ class HostUpdate(object):
         """The fused hook program for these optimizer hooks (and the loss
         scale), or None (see :func:`hook_program`)."""
         return hook_program(pre, post, loss_scale, divide)
+
+    def gradient(self, p, slots, weights, weighted, program, gout):
+        """:func:`gradient_pass`, cut into pieces for the host threads."""
+        job = functools.partial(gradient_pass, p, slots, weights, weighted,
+                                program, gout)
+        self._pool.run([(job, gout.size)], NUMPY_BLOCK)
 
     def update(self, params, slots, weights, weighted, program, grads=None):
         """Sums, hooks and updates each parameter in one pass.

@@ -33,8 +33,12 @@ MomentumSGD, CorrectedMomentumSGD, NesterovAG, Adam and its variants,
 RMSprop, AdaGrad, AdaDelta, RMSpropGraves, and their subclasses that change
 nothing of the update, with element-wise hooks; see
 :mod:`~cgdp_chainer.runtime.host.fused_classes`), or to be frozen (its
-gradient is reduced, and it is not updated): an update rule of Chainer's
-own keeps its state in the process and updates whole arrays. Where a
+gradient is reduced, and it is not updated). A rule's own hooks (ChainerCV's
+``GradientScaling``, any callable) do not stop it: such a parameter is
+reduced, hooked and updated whole by one rank of the node, the ranks taking
+them in turn (a hook that keeps a state of its own sees only the
+parameters its rank takes). An update rule of Chainer's own, though, keeps
+its state in the process and updates whole arrays. Where a
 model or an optimizer needs one, or a hook needs the whole gradient, or
 loss scaling is dynamic, each rank keeps a host of its own instead
 (:func:`node_host_refusal` says why, naming the class).
@@ -42,6 +46,7 @@ loss scaling is dynamic, each rank keeps a host of its own instead
 import os
 import platform
 import time
+import zlib
 
 import numpy
 
@@ -63,6 +68,10 @@ POLL_SECONDS = (2e-5, 1e-3)
 # total store order): a rank's gradients are in its slot before others see
 # its delivered flag, with no fence. Elsewhere each rank keeps its own host.
 ORDERED_STORE_MACHINES = ('x86_64', 'AMD64', 'i686', 'i386')
+
+# Seconds a rank that sees another of its node stop on an error gives that
+# rank's own words to arrive (the update-count watch polls every 0.05 s).
+PEER_WORDS_SECONDS = 2.0
 
 # Elements of a part start on a cache line: two ranks never write one.
 _PART_ALIGN_BYTES = 64
@@ -148,7 +157,7 @@ def node_host_refusal(optimizer, check_params=True):
     for name, param in sorted(optimizer.target.namedparams()):
         if host_update_module.frozen(param):
             continue  # not updated at all: its gradient is only reduced
-        if not fused_rule.fuses(param):
+        if not fused_rule.fuses_update(param):
             return 'parameter {} is not updated by a fused rule ({})'.format(
                 name, _rule_named(param))
     return None
@@ -156,12 +165,7 @@ def node_host_refusal(optimizer, check_params=True):
 
 def _rule_named(param):
     """What a parameter's update rule is, for a refusal."""
-    rule = param.update_rule
-    hooks = host_update_module.rule_hooks(rule)
-    if hooks:
-        return 'its rule has hook(s) of its own: {}'.format(
-            ', '.join(type(hook).__name__ for hook in hooks))
-    return 'its rule is {}'.format(type(rule).__name__)
+    return 'its rule is {}'.format(type(param.update_rule).__name__)
 
 
 def state_keys(optimizer):
@@ -220,7 +224,9 @@ class NodeMemory(object):
             self.arena.unlink_name()
 
     def mark_failed(self):
-        self.failed[0] = 1
+        """Tells the node's other ranks that this one stopped on an error
+        (its local rank, plus one)."""
+        self.failed[0] = self.group.local_rank + 1
 
     def close(self):
         """Unmaps the segment; every view of it must be gone by then (the
@@ -325,10 +331,15 @@ class NodeAccumulator(accumulator_module.HostAccumulator):
         pause, longest = POLL_SECONDS
         while (flags < target).any():
             if self.memory.failed[0]:
+                # Its own words come through the update-count watch, if
+                # it hears them in time.
+                if self.failures.event.wait(PEER_WORDS_SECONDS):
+                    raise accumulator_module.Aborted()
                 raise RuntimeError(
-                    'another rank of this node stopped on an error while '
+                    'local rank {} of this node stopped on an error while '
                     'the node\'s host was updating chunk {}; its own error '
-                    'is on its output'.format(chunk))
+                    'is on its output'.format(
+                        int(self.memory.failed[0]) - 1, chunk))
             if self._stopping.is_set() or self.failures.failed:
                 raise accumulator_module.Aborted()
             time.sleep(pause)
@@ -346,7 +357,7 @@ class NodeAccumulator(accumulator_module.HostAccumulator):
                 'optimizer with node_host=False)'.format(program.unfused))
         self._own_grads(names)
         with self._span('update', chunk):
-            self._update_part(chunk, program.runs, program.frozen)
+            self._update_part(chunk, program)
         self.memory.flags[PUBLISHED, chunk, self._local_rank] = \
             self._iteration_flag
         if self._to_device:
@@ -365,12 +376,27 @@ class NodeAccumulator(accumulator_module.HostAccumulator):
             self.transfers[0].publish(chunk, self.chunk_names[chunk])
         self._finish_one()
 
-    def _update_part(self, chunk, runs, frozen):
+    def _update_part(self, chunk, program):
         """Reduces, sums across the nodes and updates this rank's part of
         every run of the chunk (one fused call per run); this rank's part
         of every frozen run is reduced (``param.grad`` is the mean, as
-        with Chainer) and not updated."""
+        with Chainer) and not updated. A parameter whose rule has hooks of
+        its own is one rank's whole (its hooks see the whole gradient, as
+        with Chainer), the ranks taking such parameters in turn."""
         fused_rule = self._host_update.fused_rule
+        mine = [self._owns(run) for run, _ in program.hooked]
+        whole = [part[:3] + ((), None) for part in (
+            self._part_of(run, whole=True)
+            for (run, _), own in zip(program.hooked, mine) if own)
+            if part is not None]
+        self._reduce_and_update(chunk, fused_rule, program.runs,
+                                program.frozen, whole)
+        self._update_hooked(program.hooked, self._grad_buffer, mine)
+
+    def _reduce_and_update(self, chunk, fused_rule, runs, frozen, whole):
+        """This rank's parts of the fused runs, reduced and updated; of the
+        frozen runs and of the ``whole`` parameters (hooked, this rank's),
+        reduced."""
         parts = []
         for run, rules in runs:
             scalars = fused_rule.advance_run(rules)  # every rank: rule.t
@@ -381,15 +407,15 @@ class NodeAccumulator(accumulator_module.HostAccumulator):
                 parts.append(part[:3] + (state, scalars))
         still = [part[:3] + ((), None) for part in map(self._part_of, frozen)
                  if part is not None]
-        if not parts and not still:
+        if not parts and not still and not whole:
             return
         weights = [self._scale]
         if self.allreducer is not None:
-            parts = self._sum_across_nodes(chunk, parts + still)
-            parts = parts[:len(parts) - len(still)]
+            parts = self._sum_across_nodes(chunk, parts + still + whole)
+            parts = parts[:len(parts) - len(still) - len(whole)]
             weights = [1.0]
         else:
-            for _, slots, grads, _, _ in still:
+            for _, slots, grads, _, _ in still + whole:
                 reduce_sum(grads, slots, self._scale)
         for p, _, grads, _, _ in still:
             host_update_module.apply_hooks(p, grads, self._frozen_program)
@@ -398,11 +424,20 @@ class NodeAccumulator(accumulator_module.HostAccumulator):
         with self._lock:
             self.fused_calls += len(parts)
 
-    def _part_of(self, run):
-        """This rank's part of ``run`` in the master, the slots and the
-        gradients, and its slice: ``(master, slots, grads, slice)``; None
-        where the part is empty."""
-        begin, end = self._part(run)
+    def _owns(self, run):
+        """Whether this rank updates the whole of a hooked parameter's run
+        (the same local rank on every node, from its name)."""
+        return zlib.crc32(run.names[0].encode('utf-8')) % \
+            self.memory.group.local_size == self._local_rank
+
+    def _part_of(self, run, whole=False):
+        """This rank's part of ``run`` (``whole``: all of it) in the
+        master, the slots and the gradients, and its slice: ``(master,
+        slots, grads, slice)``; None where the part is empty."""
+        if whole:
+            begin, end = 0, (run.stop - run.start) // run.dtype.itemsize
+        else:
+            begin, end = self._part(run)
         if begin == end:
             return None
         part = slice(begin, end)

@@ -155,10 +155,11 @@ class ReadinessBackward(object):
             BackwardReport: The ready order and the unused names.
 
         Raises:
-            UnsupportedGraphError: The graph holds ``F.forget`` (its
-                backward recomputes the forward and sets the inner
-                parameters' gradients behind the traversal), or a parameter
-                received a gradient from outside the traversal.
+            UnsupportedGraphError: The graph holds ``F.forget``, a
+                function's backward runs a backward of its own that reaches
+                a watched parameter, or anything else gives a parameter a
+                gradient during the backward. (A parameter outside the
+                graph, cut by ``unchain_backward()`` say, is unused.)
             ValueError: ``loss`` is not a Variable, holds a ChainerX array,
                 or ``on_ready`` is not callable.
         """
@@ -176,10 +177,12 @@ class ReadinessBackward(object):
         loss.grad_var = None
 
         order = []
-        unused_grads = collections.OrderedDict(
-            (name, param.grad_var) for name, param in self._params
-            if param.node not in consumers)
-        for name in unused_grads:
+        # Reported first: their chunks may leave (and their param.grad be
+        # given the host's arrays) while the traversal runs, which never
+        # touches them again.
+        unused = tuple(name for name, param in self._params
+                       if param.node not in consumers)
+        for name in unused:
             order.append(name)
             on_ready(name, False)
 
@@ -198,12 +201,8 @@ class ReadinessBackward(object):
 
         with chainer.using_config('enable_backprop', False):
             _traverse(root, root_grad, retain_grad, consumers, ready,
-                      loss_scale)
-
-        for name, grad in unused_grads.items():
-            if params_of[name].grad_var is not grad:
-                raise UnsupportedGraphError(_outside_message(name))
-        return BackwardReport(tuple(order), tuple(unused_grads))
+                      loss_scale, names_of)
+        return BackwardReport(tuple(order), unused)
 
 
 def _check_backward_arguments(loss, on_ready):
@@ -220,10 +219,11 @@ def _check_backward_arguments(loss, on_ready):
 
 def _outside_message(name):
     return (
-        'parameter {} received a gradient from outside the graph traversal '
-        '(a function whose backward runs a backward of its own, as F.forget '
-        'does); the readiness backward cannot tell when it is final'.format(
-            name))
+        'parameter {} was given a gradient during the backward by something '
+        'other than the functions of the loss\'s graph (a function hook or '
+        'a function\'s backward that writes param.grad); the readiness '
+        'backward cannot tell when it is final: leave param.grad to the '
+        'backward'.format(name))
 
 
 def _start_gradient(loss, loss_scale=None):
@@ -283,16 +283,52 @@ def _count_consumers(root, names_of):
 
 
 def _traverse(root, root_grad, retain_grad, consumers, ready,
-              loss_scale=None):
+              loss_scale=None, names_of=None):
     """Chainer 7.8.1's ``_backprop_to_all`` for one output, handing each
     watched leaf to ``ready(node, grad)`` after its last consumer.
 
     The visiting order, the gradient table and each step are Chainer's, so
     every gradient is accumulated in the same order as in
-    ``loss.backward()``.
+    ``loss.backward()``. A backward run inside a function's backward that
+    reaches a watched parameter (``names_of``: node to names) is refused
+    where it starts.
     """
-    _Traversal(retain_grad, consumers, ready, loss_scale).run(root,
-                                                              root_grad)
+    traversal = _Traversal(retain_grad, consumers, ready, loss_scale)
+    with _NestedBackwardWatch(traversal, names_of or {}):
+        traversal.run(root, root_grad)
+
+
+class _NestedBackwardWatch(chainer.FunctionHook):
+    """Refuses a backward that a function's backward runs of its own and
+    that reaches a watched parameter.
+
+    Registered in the traversing thread after the traversal took its
+    hooks, so only a backward started inside a step (Chainer's
+    ``Variable.backward`` or ``chainer.grad`` call the thread's hooks)
+    calls it. Such a backward would set the parameter's gradient behind
+    the traversal: after its chunk may have left (the parameter is not in
+    the outer graph), or before its last consumer ran.
+    """
+
+    name = 'CGDPNestedBackwardWatch'
+
+    def __init__(self, traversal, names_of):
+        self._traversal = traversal
+        self._names_of = names_of
+
+    def backward_preprocess(self, function, in_data, out_grad):
+        for x in function.inputs:
+            names = self._names_of.get(x)
+            if names and x.requires_grad:
+                outer = self._traversal.current
+                raise UnsupportedGraphError(
+                    'the backward of {} runs a backward of its own (through '
+                    '{}) that gives parameter {} a gradient behind the '
+                    'readiness traversal, which then cannot tell when it is '
+                    'final; compute that parameter\'s use in the forward, '
+                    'in the loss\'s graph'.format(
+                        'a function' if outer is None else outer.label,
+                        function.label, names[0]))
 
 
 class _Traversal(object):
@@ -309,7 +345,10 @@ class _Traversal(object):
         self.grads = _backprop_utils.GradTable(accumulate_grad_inputs=True)
         self.leaf_nodes = set()
         self.is_debug = chainer.is_debug()
-        self.base_hooks = chainer.get_function_hooks().values()
+        # A copy: the nested backward's watch registers itself after this.
+        self.base_hooks = tuple(chainer.get_function_hooks().values())
+        # The function whose backward step runs (for the watch's message).
+        self.current = None
 
     def add_cand(self, cand):
         if cand not in self.seen_set:
@@ -336,6 +375,7 @@ class _Traversal(object):
         if not local_hooks:
             return self.base_hooks
         hooks = collections.OrderedDict(chainer.get_function_hooks())
+        hooks.pop(_NestedBackwardWatch.name, None)
         hooks.update(local_hooks)
         return hooks.values()
 
@@ -351,6 +391,7 @@ class _Traversal(object):
             else None for y in outputs])
         if not target_input_indexes:
             return None
+        self.current = func
 
         in_data = [x.data for x in inputs]
         out_grad_array = [None if g is None else g.raw_array
