@@ -15,7 +15,8 @@ import numpy
 import pytest
 
 import cgdp_chainer
-from cgdp_chainer.runtime.replica import observations
+from cgdp_chainer.runtime.replica import loss_reduction
+from cgdp_chainer.runtime.replica import reduction_evidence
 
 import semantics_models
 from equivalence import assert_same_params
@@ -80,8 +81,8 @@ def test_a_masked_mean_whose_counts_differ_under_a_percent_is_refused():
     assert "StandardUpdater's exact result" in message
     # Within the 1% of the spread that a match once needed.
     forwards = _probe(model, data, 4)
-    comparison = observations.compare(
-        forwards[0], forwards[1:], [2, 2], rounding=True)
+    comparison = reduction_evidence.compare_loss(
+        forwards[0], forwards[1:], [2, 2])
     spread = abs(forwards[1] - forwards[2])
     off = abs(forwards[0] - float(comparison.mean))
     assert off < 0.01 * spread and comparison.kind == 'neither'
@@ -91,7 +92,7 @@ def _probe(model, data, batch):
     """The test-mode losses of the whole first batch and of its two
     devices' shares (examples i::2)."""
     x, t = chainer.dataset.concat_examples(data[:batch])
-    losses = observations.probe_forwards(
+    losses = loss_reduction.probe_forwards(
         model, None, [(x, t), (x[0::2], t[0::2]), (x[1::2], t[1::2])])
     return [float(f.loss.array) for f in losses]
 
@@ -125,14 +126,14 @@ def test_real_means_are_found_within_rounding(dtype):
                 n = sum(counts)
                 x = rng.normal(0, 3, (n, 3, 8, 8)).astype(dtype)
                 t = rng.randint(0, 5, n).astype(numpy.int32)
-                whole, first, second = observations.probe_forwards(
+                whole, first, second = loss_reduction.probe_forwards(
                     model, None, [(x, t), (x[:counts[0]], t[:counts[0]]),
                                   (x[counts[0]:], t[counts[0]:])])
-                comparison = observations.compare(
-                    whole.loss, [first.loss, second.loss], counts,
-                    rounding=True)
+                comparison = reduction_evidence.compare_loss(
+                    whole.loss, [first.loss, second.loss], counts)
                 assert comparison.kind == 'mean', (seed, counts)
-                assert observations.shows_form(comparison), (seed, counts)
+                assert reduction_evidence.shows_form(comparison), \
+                    (seed, counts)
                 # Far tighter than the old 1e-4 relative.
                 assert float(comparison.tolerance['mean']) < \
                     1e-5 * abs(float(whole.loss.array))
@@ -220,29 +221,27 @@ def test_an_overflow_at_a_later_check_tells_nothing():
     # scaling skips) is neither a mean nor evidence against it.
     nan = float('nan')
     for whole, parts in ((nan, [1.2, nan]), (float('inf'), [1.0, 2.0])):
-        comparison = observations.compare(whole, parts, [1, 1],
-                                          rounding=True)
-        assert not observations.all_finite(comparison)
-    comparison = observations.compare(1.5, [1.0, 2.0], [1, 1],
-                                      rounding=True)
-    assert observations.all_finite(comparison)
+        comparison = reduction_evidence.compare_loss(whole, parts, [1, 1])
+        assert not reduction_evidence.all_finite(comparison)
+    comparison = reduction_evidence.compare_loss(1.5, [1.0, 2.0], [1, 1])
+    assert reduction_evidence.all_finite(comparison)
 
 
 def test_a_sum_is_shown_only_beyond_the_shares_range():
     # Losses of both signs: the sum 1.0 of 3.0 and -2.0 lies between them,
     # where a mean weighted 3:2 lies too.
-    between = observations.compare(1.0, [3.0, -2.0], [1, 1], rounding=True)
+    between = reduction_evidence.compare_loss(1.0, [3.0, -2.0], [1, 1])
     assert between.kind == 'sum'
-    assert not observations.shows_form(between)
-    beyond = observations.compare(5.0, [3.0, 2.0], [1, 1], rounding=True)
-    assert beyond.kind == 'sum' and observations.shows_form(beyond)
+    assert not reduction_evidence.shows_form(between)
+    beyond = reduction_evidence.compare_loss(5.0, [3.0, 2.0], [1, 1])
+    assert beyond.kind == 'sum' and reduction_evidence.shows_form(beyond)
     # A share whose loss is zero shows nothing.
-    zero = observations.compare(3.0, [3.0, 0.0], [1, 1], rounding=True)
-    assert zero.kind == 'sum' and not observations.shows_form(zero)
+    zero = reduction_evidence.compare_loss(3.0, [3.0, 0.0], [1, 1])
+    assert zero.kind == 'sum' and not reduction_evidence.shows_form(zero)
 
 
 def test_integers_are_compared_exactly_and_shown_alike():
-    mean = observations.compare(8, [6, 9], [1, 2], rounding=True)
-    assert mean.kind == 'mean' and observations.shows_form(mean)
-    assert observations.compare(7, [6, 9], [1, 2],
-                                rounding=True).kind == 'neither'
+    mean = reduction_evidence.compare_loss(8, [6, 9], [1, 2])
+    assert mean.kind == 'mean' and reduction_evidence.shows_form(mean)
+    assert reduction_evidence.compare_loss(
+        7, [6, 9], [1, 2]).kind == 'neither'

@@ -11,7 +11,9 @@ import numpy
 import pytest
 
 import cgdp_chainer
+from cgdp_chainer.runtime.replica import loss_reduction
 from cgdp_chainer.runtime.replica import observations
+from cgdp_chainer.runtime.replica import reduction_evidence
 
 import semantics_models
 import staged_models
@@ -223,24 +225,25 @@ def test_within_noise_decides_by_the_nearer_kind_with_a_margin():
     parts, counts = [583.84, 585.20], [50, 50]
     mean = (parts[0] + parts[1]) / 2
     noisy_mean = _noisy_comparison(mean + 0.6, parts, counts)
-    found = observations.within_noise(noisy_mean, mean - 0.5)
+    found = reduction_evidence.within_noise(noisy_mean, mean - 0.5)
     assert (found.kind, found.again) == ('mean', mean - 0.5)
     noisy_sum = _noisy_comparison(2 * mean - 0.6, parts, counts)
-    assert observations.within_noise(noisy_sum, 2 * mean + 1).kind == 'sum'
+    assert reduction_evidence.within_noise(
+        noisy_sum, 2 * mean + 1).kind == 'sum'
     # The same value again: deterministic, neither stays neither.
-    same = observations.within_noise(noisy_mean, noisy_mean.whole)
+    same = reduction_evidence.within_noise(noisy_mean, noisy_mean.whole)
     assert same.kind == 'neither' and same.again is None
     # Two draws further apart than a quarter of the sum-mean distance: the
     # nearness tells nothing.
-    margin = observations.NOISE_MARGIN * mean
-    wide = observations.within_noise(noisy_mean, noisy_mean.whole +
-                                     1.1 * margin)
+    margin = reduction_evidence.NOISE_MARGIN * mean
+    wide = reduction_evidence.within_noise(
+        noisy_mean, noisy_mean.whole + 1.1 * margin)
     assert wide.kind == 'neither' and wide.again is not None
     # Nearer the mean, but not within the margin of it.
     between = _noisy_comparison(mean + 1.1 * margin, parts, counts)
-    assert observations.within_noise(between, mean + 1.2 * margin).kind == \
-        'neither'
-    message = observations.reduction_refusal(wide)
+    assert reduction_evidence.within_noise(
+        between, mean + 1.2 * margin).kind == 'neither'
+    message = reduction_evidence.reduction_refusal(wide)
     assert 'within the sampling noise' in message
     for value in (noisy_mean.whole, wide.again, mean):
         assert '{:.7g}'.format(value) in message
@@ -275,13 +278,13 @@ def test_probe_forwards_leave_the_model_and_random_states_as_they_were():
         model.marker = 'after'
         return chainer.functions.sum(model(x))
 
-    first, second = observations.probe_forwards(model, loss, [x, x[:4]])
+    first, second = loss_reduction.probe_forwards(model, loss, [x, x[:4]])
     assert model.marker == 'before'
     numpy.testing.assert_array_equal(model[1].avg_mean, statistics[0])
     assert model[1].N == statistics[1]
     numpy.testing.assert_array_equal(numpy.random.get_state()[1], state)
     # Deterministic (dropout off): the same forward again gives the same.
-    again, = observations.probe_forwards(model, loss, [x])
+    again, = loss_reduction.probe_forwards(model, loss, [x])
     numpy.testing.assert_array_equal(first.loss.array, again.loss.array)
 
 
@@ -298,9 +301,9 @@ def test_probe_forwards_with_a_seed_draw_others_and_put_every_state_back():
             (4, 3), numpy.float32))
         return chainer.functions.sum(y) + model.generator.normal()
 
-    first, = observations.probe_forwards(model, loss, [x])
-    again, = observations.probe_forwards(model, loss, [x])
-    seeded, = observations.probe_forwards(model, loss, [x],
+    first, = loss_reduction.probe_forwards(model, loss, [x])
+    again, = loss_reduction.probe_forwards(model, loss, [x])
+    seeded, = loss_reduction.probe_forwards(model, loss, [x],
                                           seed=numpy.arange(4))
     numpy.testing.assert_array_equal(numpy.random.get_state()[1],
                                      global_state)

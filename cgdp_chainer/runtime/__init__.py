@@ -10,7 +10,8 @@ role, and a folder imports only the folders listed after it:
 - :mod:`.workers`: where replicas run (threads or processes): starting,
   feeding, watching and stopping each replica's worker;
 - :mod:`.replica`: what a replica is and does in one iteration (its device
-  view, the readiness backward, observations, random streams);
+  view, the readiness backward, observations, the loss's reduction and
+  its evidence, random streams);
 - :mod:`.host`: the master weights and what the host does with a chunk
   (reduce, update, publish; one host per node);
 - :mod:`.transport`: shared memory, the flat per-chunk buffers and the

@@ -185,6 +185,32 @@ def write_results(comm, out, models, values, state=None, per_rank=()):
                   stream, indent=1, sort_keys=True)
 
 
+def scattered_datasets(comm, n_train, n_test, n_features, n_classes):
+    """Rank 0 makes train and test sets (see _common.numbered_dataset);
+    every rank gets a shard of each, as ``chainermn.scatter_dataset``
+    deals them."""
+    if comm.rank == 0:
+        train = _common.numbered_dataset(n_train, n_features, n_classes, 1)
+        test = _common.numbered_dataset(n_test, n_features, n_classes, 2)
+    else:
+        train, test = None, None
+    train = chainermn.scatter_dataset(train, comm, shuffle=True, seed=3)
+    test = chainermn.scatter_dataset(test, comm, shuffle=True, seed=4)
+    return train, test
+
+
+def record_observations(trainer, comm, observed):
+    """Appends each iteration's observation to ``observed`` (its values as
+    floats, by key), and logs every iteration on rank 0 (``LogReport``)."""
+    trainer.extend(lambda trainer: observed.append({
+        key: as_float(value)
+        for key, value in sorted(trainer.observation.items())}),
+        name='record', trigger=(1, 'iteration'))
+    if comm.rank == 0:
+        trainer.extend(chainer.training.extensions.LogReport(
+            trigger=(1, 'iteration')))
+
+
 def as_float(value):
     """A reported value (Variable, array or number) as a Python float."""
     return float(getattr(value, 'array', value))

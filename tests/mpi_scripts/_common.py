@@ -86,6 +86,35 @@ def parameters_changed(model, initial):
                for name, param in model.namedparams())
 
 
+def staged_updates(dataset, batch_size, make_optimizer, make_updater,
+                   iterations, after_update=lambda model, optimizer: None):
+    """Trains :func:`staged_mlp` (seed 0) for ``iterations`` updates over
+    ``dataset`` in order, then finalizes the updater.
+
+    Args:
+        make_optimizer (callable): ``make_optimizer(model) -> optimizer``.
+        make_updater (callable): ``make_updater(iterator, optimizer)``.
+        after_update (callable): ``after_update(model, optimizer)``, after
+            each update: what it returns is kept.
+
+    Returns:
+        tuple: The model, and what ``after_update`` returned each time.
+    """
+    model = staged_mlp(seed=0)
+    optimizer = make_optimizer(model)
+    iterator = chainer.iterators.SerialIterator(dataset, batch_size,
+                                                shuffle=False)
+    updater = make_updater(iterator, optimizer)
+    kept = []
+    try:
+        for _ in range(iterations):
+            updater.update()
+            kept.append(after_update(model, optimizer))
+    finally:
+        updater.finalize()
+    return model, kept
+
+
 def staged_mlp(sizes=(6, 10, 9, 3), seed=0):
     """A Classifier around an MLP with ``stages`` (for CGDPUpdater).
 

@@ -65,6 +65,21 @@ class InOrderStarter(object):
         return handle
 
 
+def run_threads(worker, arguments, errors):
+    """Runs ``worker(*args)`` in a thread for each of ``arguments`` and
+    waits for them all; raises the first error they handed over in
+    ``errors`` (a thread that hangs fails the check)."""
+    threads = [threading.Thread(target=worker, args=args)
+               for args in arguments]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+        assert not thread.is_alive(), 'a worker thread hangs'
+    if errors:
+        raise errors[0]
+
+
 def check_chunks_from_two_threads(comm, allreducer):
     rank, size = comm.Get_rank(), comm.Get_size()
     starter = InOrderStarter(allreducer)
@@ -91,15 +106,7 @@ def check_chunks_from_two_threads(comm, allreducer):
         except BaseException as error:  # handed to the main thread
             errors.append(error)
 
-    threads = [threading.Thread(target=worker, args=(index,))
-               for index in range(N_THREADS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-        assert not thread.is_alive(), 'a worker thread hangs'
-    if errors:
-        raise errors[0]
+    run_threads(worker, [(index,) for index in range(N_THREADS)], errors)
 
 
 def check_sequence_numbers(comm, allreducer):
@@ -123,15 +130,7 @@ def check_sequence_numbers(comm, allreducer):
         except BaseException as error:  # handed to the main thread
             errors.append(error)
 
-    threads = [threading.Thread(target=worker, args=(call_order[i::2],))
-               for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-        assert not thread.is_alive(), 'a worker thread hangs'
-    if errors:
-        raise errors[0]
+    run_threads(worker, [(call_order[i::2],) for i in range(2)], errors)
     for chunk in range(N_CHUNKS):
         for got, want in zip(results[chunk], expected_sums(size, chunk)):
             numpy.testing.assert_allclose(got, want, rtol=1e-6)

@@ -26,10 +26,7 @@ from chainer import configuration  # NOQA: E402
 from chainer.dataset import convert  # NOQA: E402
 import chainer.functions as F  # NOQA: E402
 import chainer.links as L  # NOQA: E402
-import chainermn  # NOQA: E402
 import numpy  # NOQA: E402
-
-import _common  # NOQA: E402
 
 N_FEATURES, N_UNITS, N_CLASSES = 6, 8, 3
 N_TRAIN, N_TEST = 48, 16
@@ -52,18 +49,6 @@ class MLP(chainer.Chain):
         h1 = F.relu(self.l1(x))
         h2 = F.relu(self.l2(h1))
         return self.l3(h2)
-
-
-def datasets(comm):
-    """Rank 0 makes train and test sets; every rank gets a shard of each."""
-    if comm.rank == 0:
-        train = _common.numbered_dataset(N_TRAIN, N_FEATURES, N_CLASSES, 1)
-        test = _common.numbered_dataset(N_TEST, N_FEATURES, N_CLASSES, 2)
-    else:
-        train, test = None, None
-    train = chainermn.scatter_dataset(train, comm, shuffle=True, seed=3)
-    test = chainermn.scatter_dataset(test, comm, shuffle=True, seed=4)
-    return train, test
 
 
 def evaluate(model, test_iter, device):
@@ -91,7 +76,8 @@ def train(comm, create_multi_node_optimizer, device):
     optimizer.setup(model)
     optimizer.add_hook(chainer.optimizer_hooks.WeightDecay(1e-3))
 
-    train, test = datasets(comm)
+    train, test = _anyloop.scattered_datasets(comm, N_TRAIN, N_TEST,
+                                              N_FEATURES, N_CLASSES)
     train_iter = chainer.iterators.SerialIterator(
         train, BATCHSIZE, order_sampler=(
             chainer.iterators.ShuffleOrderSampler(

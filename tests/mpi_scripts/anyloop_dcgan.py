@@ -35,7 +35,6 @@ from chainer import backend  # NOQA: E402
 import chainer.functions as F  # NOQA: E402
 import chainer.links as L  # NOQA: E402
 from chainer import training  # NOQA: E402
-from chainer.training import extensions  # NOQA: E402
 import chainermn  # NOQA: E402
 import numpy  # NOQA: E402
 
@@ -177,12 +176,7 @@ def train(comm, create_multi_node_optimizer, device, out):
     trainer = training.Trainer(updater, (ITERATIONS, 'iteration'), out=out)
 
     observed = []
-    trainer.extend(lambda trainer: observed.append({
-        key: _anyloop.as_float(value)
-        for key, value in sorted(trainer.observation.items())}),
-        name='record', trigger=(1, 'iteration'))
-    if comm.rank == 0:
-        trainer.extend(extensions.LogReport(trigger=(1, 'iteration')))
+    _anyloop.record_observations(trainer, comm, observed)
 
     _anyloop.seed(100 + comm.rank, device)  # z and the noise, per rank
     trainer.run()

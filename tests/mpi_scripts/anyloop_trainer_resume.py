@@ -51,8 +51,6 @@ from chainer.training import extensions  # NOQA: E402
 import chainermn  # NOQA: E402
 import numpy  # NOQA: E402
 
-import _common  # NOQA: E402
-
 N_FEATURES, N_UNITS, N_CLASSES = 6, 8, 3
 N_TRAIN, N_TEST = 32, 16
 BATCHSIZE = 4
@@ -85,17 +83,6 @@ def add_arguments(parser):
                         default='snapshot')
 
 
-def datasets(comm):
-    if comm.rank == 0:
-        train = _common.numbered_dataset(N_TRAIN, N_FEATURES, N_CLASSES, 1)
-        test = _common.numbered_dataset(N_TEST, N_FEATURES, N_CLASSES, 2)
-    else:
-        train, test = None, None
-    train = chainermn.scatter_dataset(train, comm, shuffle=True, seed=3)
-    test = chainermn.scatter_dataset(test, comm, shuffle=True, seed=4)
-    return train, test
-
-
 def build_trainer(comm, create_multi_node_optimizer, args, observed):
     numpy.random.seed(comm.rank)  # the ranks start apart
     device = _anyloop.device_of(args, comm)
@@ -105,7 +92,8 @@ def build_trainer(comm, create_multi_node_optimizer, args, observed):
         chainer.optimizers.MomentumSGD(lr=0.1, momentum=0.9), comm)
     optimizer.setup(model)
 
-    train, test = datasets(comm)
+    train, test = _anyloop.scattered_datasets(comm, N_TRAIN, N_TEST,
+                                              N_FEATURES, N_CLASSES)
     # No shuffling beyond scatter_dataset's: a snapshot keeps the iterator's
     # order and position, not a sampler's random state.
     train_iter = chainer.iterators.SerialIterator(train, BATCHSIZE,
@@ -140,12 +128,7 @@ def build_trainer(comm, create_multi_node_optimizer, args, observed):
         if not args.resume:
             trainer.extend(kept(checkpointer, os.path.join(args.out, 'kept')),
                            name='keep', trigger=at_snapshot())
-    trainer.extend(lambda trainer: observed.append({
-        key: _anyloop.as_float(value)
-        for key, value in sorted(trainer.observation.items())}),
-        name='record', trigger=(1, 'iteration'))
-    if comm.rank == 0:
-        trainer.extend(extensions.LogReport(trigger=(1, 'iteration')))
+    _anyloop.record_observations(trainer, comm, observed)
     return model, optimizer, trainer, checkpointer
 
 

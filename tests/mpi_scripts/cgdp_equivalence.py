@@ -26,16 +26,8 @@ def make_optimizer(model):
 
 
 def train(dataset, batch_size, make_updater):
-    model = _common.staged_mlp(seed=0)
-    optimizer = make_optimizer(model)
-    iterator = chainer.iterators.SerialIterator(dataset, batch_size,
-                                                shuffle=False)
-    updater = make_updater(iterator, optimizer)
-    try:
-        for _ in range(ITERATIONS):
-            updater.update()
-    finally:
-        updater.finalize()
+    model, _ = _common.staged_updates(dataset, batch_size, make_optimizer,
+                                      make_updater, ITERATIONS)
     return model
 
 

@@ -38,23 +38,15 @@ def make_optimizer(model):
 
 def train(dataset, batch_size, make_updater):
     """Per update: parameters, gradients and the loss scale."""
-    model = _common.staged_mlp(seed=0)
-    optimizer = make_optimizer(model)
-    iterator = chainer.iterators.SerialIterator(dataset, batch_size,
-                                                shuffle=False)
-    updater = make_updater(iterator, optimizer)
-    steps = []
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter('ignore')  # the non-finite gradient
-            for _ in range(ITERATIONS):
-                updater.update()
-                steps.append((
-                    {n: p.array.copy() for n, p in model.namedparams()},
-                    {n: p.grad.copy() for n, p in model.namedparams()},
-                    optimizer._loss_scale))
-    finally:
-        updater.finalize()
+    def step(model, optimizer):
+        return ({n: p.array.copy() for n, p in model.namedparams()},
+                {n: p.grad.copy() for n, p in model.namedparams()},
+                optimizer._loss_scale)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')  # the non-finite gradient
+        _, steps = _common.staged_updates(dataset, batch_size, make_optimizer,
+                                          make_updater, ITERATIONS, step)
     return steps
 
 

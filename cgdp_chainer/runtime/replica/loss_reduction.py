@@ -4,25 +4,35 @@ batches before any update they would make wrong.
 A switched script must train what it trained before: ``'mean'`` where the
 loss is a mean over the examples, ``'sum'`` where it adds up over them.
 :class:`ReductionFinder` tells which from deterministic forwards of the
-master on the whole first batch and on its shares (the comparisons of
-:mod:`~cgdp_chainer.runtime.replica.observations`, within float rounding),
-learns on the way how each reported key combines over the replicas, and
-makes every MPI rank agree. Where it cannot be told, it refuses, naming
+master on the whole first batch and on its shares (:func:`probe_forwards`,
+which leave no trace; their losses weighed by
+:mod:`~cgdp_chainer.runtime.replica.reduction_evidence`, within float
+rounding), learns on the way how each reported key combines over the
+replicas (:class:`~cgdp_chainer.runtime.replica.observations.ReportKinds`),
+and makes every MPI rank agree. Where it cannot be told, it refuses, naming
 the values measured and the fix.
 
 A sum shown by the shares (the whole batch's loss beyond their range) is
-final: a mean of them, however weighted, lies within it. A mean is not: a loss normalized by a count (SSD's
-positive boxes) equals the examples' mean on a batch whose shares hold
-equal counts. ``'mean'`` found at the first iteration is therefore
-compared again before the update of each later iteration, until
+final: a mean of them, however weighted, lies within it. A mean is not: a
+loss normalized by a count (SSD's positive boxes) equals the examples'
+mean on a batch whose shares hold equal counts. ``'mean'`` found at the
+first iteration is therefore compared again before the update of each
+later iteration, until
 :data:`CONFIRMING_BATCHES` more batches show it; one that does not is
 refused before its update (each earlier one matched, so trained as
 ``StandardUpdater``).
 """
+import collections
+import random
+
+import chainer
+import numpy
+
 from cgdp_chainer import log
 from cgdp_chainer import randomness
 from cgdp_chainer.runtime.host import accumulator
 from cgdp_chainer.runtime.replica import observations
+from cgdp_chainer.runtime.replica import reduction_evidence
 from cgdp_chainer.runtime.transport import input_staging
 from cgdp_chainer.runtime.transport import shared
 
@@ -80,7 +90,7 @@ class ReductionFinder(object):
         reduction, from deterministic forwards of the master on the whole
         batch and on each device's share (on one device under MPI, on two
         halves of its batch, for the reduction only); see
-        :mod:`~cgdp_chainer.runtime.replica.observations`.
+        :mod:`~cgdp_chainer.runtime.replica.reduction_evidence`.
 
         Args:
             batch (Batch): The first batch.
@@ -136,7 +146,7 @@ class ReductionFinder(object):
             agreed = self._allreducer.allreduce_int(verdict, op='min')
         if agreed == REFUTED:
             self._to_confirm = 0
-            raise ValueError(observations.reduction_refusal(
+            raise ValueError(reduction_evidence.reduction_refusal(
                 comparison, other_ranks=verdict != REFUTED,
                 failure=None if failure is None else
                 accumulator.describe_error(failure),
@@ -146,7 +156,7 @@ class ReductionFinder(object):
             if not self.confirming:
                 self._say("CGDP reduction: 'mean' confirmed at iteration "
                           '{}'.format(iteration),
-                          observations.describe_loss(comparison))
+                          reduction_evidence.describe_loss(comparison))
 
     @staticmethod
     def _verdict(comparison):
@@ -157,8 +167,8 @@ class ReductionFinder(object):
         update with the mean would not be StandardUpdater's)."""
         if comparison.kind == 'mean':
             return SHOWN
-        if observations.matches_mean(comparison) or \
-                not observations.all_finite(comparison):
+        if reduction_evidence.matches_mean(comparison) or \
+                not reduction_evidence.all_finite(comparison):
             return UNTOLD
         return REFUTED
 
@@ -228,7 +238,7 @@ class ReductionFinder(object):
     def _forwards(self, batch, parts):
         """The master's deterministic forwards on the whole batch, then on
         each share."""
-        return observations.probe_forwards(
+        return probe_forwards(
             self._master, self._loss_func,
             [shared.copied_inputs(batch.whole_inputs)] +
             [shared.copied_inputs(part) for part in parts])
@@ -241,10 +251,9 @@ class ReductionFinder(object):
         Returns:
             tuple: As for :meth:`_probe`.
         """
-        comparison = observations.compare(whole, parts, counts,
-                                          rounding=True)
+        comparison = reduction_evidence.compare_loss(whole, parts, counts)
         if comparison.kind in observations.KINDS and \
-                not observations.shows_form(comparison):
+                not reduction_evidence.shows_form(comparison):
             return self._compare_finer(batch, comparison)
         if comparison.kind != 'neither':
             return comparison, None
@@ -253,7 +262,7 @@ class ReductionFinder(object):
     def _compare_finer(self, batch, comparison):
         """The loss compared on finer shares of the batch, for a match
         that the shares do not show (see
-        :func:`~cgdp_chainer.runtime.replica.observations.shows_form`):
+        :func:`~cgdp_chainer.runtime.replica.reduction_evidence.shows_form`):
         their losses too near each other to show the mean's weights, or
         fewer than two of them not zero.
 
@@ -265,23 +274,22 @@ class ReductionFinder(object):
             tuple: As for :meth:`_probe`; the kind ``'indistinct'`` where
             the finer shares do not show the form either.
         """
-        shares = min(sum(batch.counts), observations.FINER_SHARES)
+        shares = min(sum(batch.counts), reduction_evidence.FINER_SHARES)
         split = batch.split(shares) if shares > len(comparison.parts) \
             else None
         if split is None:
             return comparison._replace(kind='indistinct'), None
         parts, counts = split
         try:
-            forwards = observations.probe_forwards(
+            forwards = probe_forwards(
                 self._master, self._loss_func,
                 [shared.copied_inputs(part) for part in parts])
         except Exception as error:
             return None, error
-        finer = observations.compare(
-            comparison.whole, [f.loss for f in forwards], counts,
-            rounding=True)
+        finer = reduction_evidence.compare_loss(
+            comparison.whole, [f.loss for f in forwards], counts)
         if finer.kind in observations.KINDS and \
-                not observations.shows_form(finer):
+                not reduction_evidence.shows_form(finer):
             finer = finer._replace(kind='indistinct')
         return finer, None
 
@@ -290,7 +298,7 @@ class ReductionFinder(object):
         found neither: it tells a loss that draws random numbers in test
         mode (a VAE's) from one that is neither a sum nor a mean, and
         decides the first within its noise
-        (:func:`~cgdp_chainer.runtime.replica.observations.within_noise`).
+        (:func:`~cgdp_chainer.runtime.replica.reduction_evidence.within_noise`).
 
         The forward draws from a stream of its own (repeatable under a
         seeded script); the caller's random states are put back after it.
@@ -303,13 +311,13 @@ class ReductionFinder(object):
             tuple: As for :meth:`_probe`.
         """
         try:
-            again, = observations.probe_forwards(
+            again, = probe_forwards(
                 self._master, self._loss_func,
                 [shared.copied_inputs(batch.whole_inputs)],
                 seed=randomness.probe_words(self._random_base))
         except Exception as error:
             return None, error
-        return observations.within_noise(comparison, again.loss), None
+        return reduction_evidence.within_noise(comparison, again.loss), None
 
     def _agree_on_reduction(self, comparison, failure=None):
         """The reduction the loss's comparison found, the same on every MPI
@@ -336,14 +344,125 @@ class ReductionFinder(object):
                                          if comparison.again is not None
                                          else ''),
                       '{} (reduction= skips this check{})'.format(
-                          observations.describe_loss(comparison),
+                          reduction_evidence.describe_loss(comparison),
                           '; compared again before the update of each '
                           'later iteration until {} more batches show '
                           'it'.format(CONFIRMING_BATCHES)
                           if found == 'mean' else ''))
             return found
-        raise ValueError(observations.reduction_refusal(
+        raise ValueError(reduction_evidence.reduction_refusal(
             comparison, other_ranks=code != 0,
             failure=None if failure is None else accumulator.describe_error(failure))
         ) from failure
 
+
+Forward = collections.namedtuple('Forward', ('loss', 'observation'))
+Forward.__doc__ = """One deterministic forward of the master.
+
+Attributes:
+    loss: The returned loss (a :class:`VariableValue`), or what the loss
+        function returned if it was not a ``Variable``.
+    observation (dict): Its reported values (see :func:`portable`).
+"""
+
+
+def probe_forwards(link, loss_func, inputs_list, seed=None):
+    """Forwards of ``link`` that leave no trace, for the first iteration's
+    comparisons.
+
+    Each runs with ``chainer.config.train`` False (dropout off,
+    BatchNormalization on its statistics: deterministic) and backprop off,
+    in a private reporter, from the same state: after each, every link's
+    attributes and persistent values (and the states of random generators
+    held as its attributes) are put back; after all, NumPy's global random
+    state and Python's ``random`` state too, so that the training that
+    follows is the one without these forwards.
+
+    Args:
+        link (chainer.Link): The master model.
+        loss_func (callable or None): The loss function (default: ``link``).
+        inputs_list (list): Converted inputs, one forward each.
+        seed (numpy.ndarray or None): If given, NumPy's global random state
+            and Python's ``random`` are seeded from it for these forwards
+            (a model that draws random numbers then draws others than from
+            the caller's state); either way both are put back after.
+
+    Returns:
+        list of Forward: One per inputs.
+    """
+    saved = _LinkState(link)
+    numpy_state = numpy.random.get_state()
+    python_state = random.getstate()
+    if seed is not None:
+        numpy.random.seed(seed)
+        random.seed(int(seed[0]))
+    reporter = chainer.Reporter()
+    reporter.add_observer('main', link)
+    reporter.add_observers('main', link.namedlinks(skipself=True))
+    forwards = []
+    try:
+        with chainer.using_config('train', False), \
+                chainer.no_backprop_mode():
+            for in_arrays in inputs_list:
+                observation = {}
+                with reporter.scope(observation):
+                    loss = shared.call_with(loss_func or link, in_arrays)
+                # Every forward starts from the same state (a model that
+                # counts its calls takes the same branch in each).
+                saved.restore()
+                forwards.append(Forward(
+                    observations.portable(loss)
+                    if isinstance(loss, chainer.Variable) else loss,
+                    {key: observations.portable(value)
+                     for key, value in observation.items()}))
+    finally:
+        saved.restore()
+        numpy.random.set_state(numpy_state)
+        random.setstate(python_state)
+    return forwards
+
+
+class _LinkState(object):
+    """Every link's attributes (what a forward may rebind: an RNN's state,
+    a Classifier's ``y`` and ``loss``), its persistent arrays' values and
+    the states of the NumPy random generators it holds (which a forward
+    advances in place; the replicas are copied from the master after the
+    probes and must draw what they would have drawn without them)."""
+
+    def __init__(self, link):
+        self._links = []
+        for _, sublink in link.namedlinks():
+            arrays = {name: numpy.array(value, copy=True)
+                      for name, value in sublink.__dict__.items()
+                      if name in sublink._persistent and
+                      isinstance(value, numpy.ndarray)}
+            generators = [(value, _generator_state(value)) for value in
+                          sublink.__dict__.values()
+                          if _generator_state(value) is not None]
+            self._links.append((sublink, dict(sublink.__dict__), arrays,
+                                generators))
+
+    def restore(self):
+        for sublink, attributes, arrays, generators in self._links:
+            sublink.__dict__.clear()
+            sublink.__dict__.update(attributes)
+            for name, value in arrays.items():
+                sublink.__dict__[name][...] = value
+            for generator, state in generators:
+                _set_generator_state(generator, state)
+
+
+def _generator_state(value):
+    """The state of a NumPy random generator, or None for anything else."""
+    if isinstance(value, numpy.random.RandomState):
+        return value.get_state()
+    if isinstance(value, numpy.random.Generator):
+        return value.bit_generator.state
+    return None
+
+
+def _set_generator_state(generator, state):
+    if isinstance(generator, numpy.random.RandomState):
+        generator.set_state(state)
+    else:
+        generator.bit_generator.state = state

@@ -152,11 +152,6 @@ class SharedArena(object):
             pass
 
 
-def array_specs(arrays):
-    """``(name, shape, dtype)`` of a mapping of arrays, in its order."""
-    return [(name, a.shape, a.dtype) for name, a in arrays.items()]
-
-
 class BatchBuffer(object):
     """One replica's input arrays for an iteration, in a segment that grows.
 
