@@ -614,17 +614,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                 self._ranks.allreducer))
         self._structure = master_module.MasterStructure(master)
         self._persistents.start()
-        if self.workers == 'process':
-            replicas = channels.ProcessReplicas(
-                master, self._devices, self.loss_func, self._failures,
-                blas_threads=self._blas_threads,
-                start_method=self._start_method, launched=self._launched)
-            self._launched = None  # the replicas own them now
-        else:
-            replicas = channels.ThreadReplicas(
-                master, self._devices, self.loss_func, self._failures,
-                blas_threads=self._blas_threads,
-                device_copies=self._device_copies)
+        replicas = self._make_replicas(master)
         try:
             self._accumulator = accumulator_module.HostAccumulator(
                 optimizer, replicas.ports, self._plans.chunk_names,
@@ -644,6 +634,21 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self._stop_replicas()
             raise
         return first_reports
+
+    def _make_replicas(self, master):
+        """The replicas, each in a worker process (those launched ahead,
+        see :meth:`_iterate`) or a thread, copied from ``master``."""
+        if self.workers == 'process':
+            replicas = channels.ProcessReplicas(
+                master, self._devices, self.loss_func, self._failures,
+                blas_threads=self._blas_threads,
+                start_method=self._start_method, launched=self._launched)
+            self._launched = None  # the replicas own them now
+            return replicas
+        return channels.ThreadReplicas(
+            master, self._devices, self.loss_func, self._failures,
+            blas_threads=self._blas_threads,
+            device_copies=self._device_copies)
 
     def _forward_on_master(self, in_arrays):
         """StandardUpdater's first forward on the master: initializes lazy
