@@ -129,6 +129,26 @@ class Timeline(object):
             self._copies.append((iteration, device, dict(counts),
                                  self.now()))
 
+    def record_replicas(self, iteration, results, start, sync_end):
+        """Puts the replicas' events of an iteration on the timeline and
+        closes the iteration there.
+
+        Args:
+            iteration (int): The iteration.
+            results (list): Each replica's ``IterationResult``: its
+                ``events`` (``(kind, chunk, start, end)`` in
+                ``time.perf_counter`` seconds) and ``copies`` (or None).
+            start (float): When the iteration began (:meth:`now`).
+            sync_end (float): When the last chunk was published.
+        """
+        for index, result in enumerate(results):
+            for kind, chunk, begin, end in result.events:
+                self.record(iteration, index, kind, chunk,
+                            begin - self.origin, end - self.origin)
+            if result.copies is not None:
+                self.count_copies(iteration, index, result.copies)
+        self.end_iteration(iteration, start, self.now(), sync_end)
+
     def end_iteration(self, iteration, start, end, sync_end=None):
         """Closes an iteration and derives its summary from its events.
 

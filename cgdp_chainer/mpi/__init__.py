@@ -46,6 +46,10 @@ concern:
   that optimizer's communicator; :func:`broadcasting_first_update`: its
   first ``update()`` broadcasts, as ChainerMN's) and refuses other
   optimizers whose ``update()`` it would bypass.
+* ``updater_ranks``: :class:`UpdaterRanks`, what ``CGDPUpdater`` does
+  across the ranks, from its construction (the communicator, the armed
+  first update) through its first update (the checks, rank 0's weights,
+  the all-reduce, the count watch) to its end.
 * ``host_staged``: :func:`create_host_staged_communicator`, ChainerMN's
   naive communicator with its GPU arrays staged through host memory, for
   ChainerMN's reference runs on GPUs where MPI is not CUDA-aware (CGDP's
@@ -95,3 +99,4 @@ from cgdp_chainer.mpi.launch import world  # NOQA
 from cgdp_chainer.mpi.update_counts import PATIENCE_VARIABLE  # NOQA
 from cgdp_chainer.mpi.update_counts import UnevenUpdatesError  # NOQA
 from cgdp_chainer.mpi.update_counts import UpdateCountWatch  # NOQA
+from cgdp_chainer.mpi.updater_ranks import UpdaterRanks  # NOQA

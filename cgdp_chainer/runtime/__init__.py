@@ -6,7 +6,8 @@ call, the user's process as the replica). Below them, each folder is one
 role, and a folder imports only the folders listed after it:
 
 - :mod:`.input`: the batch's way in (draw, read ahead, convert per share);
-- :mod:`.chunks`: which layers form a chunk, and the chunk-size search;
+- :mod:`.chunks`: which layers form a chunk, the chunk-size search and
+  the plan in use;
 - :mod:`.workers`: where replicas run (threads or processes): starting,
   feeding, watching and stopping each replica's worker;
 - :mod:`.replica`: what a replica is and does in one iteration (its device

@@ -1,6 +1,5 @@
 """CGDPUpdater: CPU-GPU data parallel training as a Chainer updater."""
 import contextlib
-import copy
 import time
 
 import chainer
@@ -9,12 +8,13 @@ from chainer.training.updaters import standard_updater
 
 from cgdp_chainer.runtime import call_forms
 from cgdp_chainer.runtime.host import accumulator as accumulator_module
-from cgdp_chainer.runtime.transport import buffers
 from cgdp_chainer import blas
 from cgdp_chainer import devices as devices_module
 from cgdp_chainer import log
 from cgdp_chainer.runtime.workers import channels
+from cgdp_chainer.runtime.workers import replica_persistents
 from cgdp_chainer.runtime.chunks import chunk_choice
+from cgdp_chainer.runtime.chunks import plan_in_use
 from cgdp_chainer.runtime.chunks import chunking
 from cgdp_chainer.runtime.replica import batch_statistics
 from cgdp_chainer.runtime.replica import device_view
@@ -185,23 +185,12 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         # A ChainerMN multi-node optimizer trains across its communicator:
         # CGDP runs the optimizer it wraps (see cgdp_chainer.mpi).
         from cgdp_chainer import mpi
-        given = optimizer
-        optimizer, self._mpi_comm = mpi.host_optimizer_and_comm(
-            optimizer, mpi_comm)
-        # A multi-node optimizer's first update() broadcasts instead.
-        self._broadcast_first = mpi.broadcasting_first_update(
-            given, self._mpi_comm)
-        self._optimizers['main'] = optimizer
-        if loss_scale is not None:
-            optimizer.set_loss_scale(loss_scale)  # the one CGDP runs
-        self._allreducer = self._update_counts = None  # across ranks
-        # Read now: a bad $CGDP_UPDATE_PATIENCE is refused before any work.
-        self._update_patience = None if self._mpi_comm is None else \
-            mpi.update_counts.patience_seconds()
-        if self._mpi_comm is not None:
-            # A rank that ends before its first update() is named to its
-            # peers.
-            mpi.first_update.arm(self._mpi_comm)
+        self._ranks = mpi.UpdaterRanks(
+            optimizer, mpi_comm,
+            lambda error: self._failures.fail(error, 'update count watch'))
+        self._optimizers['main'] = self._ranks.optimizer
+        if loss_scale is not None:  # the one CGDP runs
+            self._ranks.optimizer.set_loss_scale(loss_scale)
         channels.check_replicable(master, loss_func, workers)
         self._batch_statistics = batch_statistics.BatchStatisticsNotice(
             master, len(self._devices), 'CGDPUpdater')
@@ -215,13 +204,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         # take them.
         self._launched = None
         self._accumulator = None
-        self._refresh_persistents = False
-        self._has_persistents = any(
-            link._persistent for _, link in master.namedlinks())
+        self._persistents = replica_persistents.ReplicaPersistents(master)
         self._structure = None    # MasterStructure, once replicas exist
-        self._persistents = None  # PersistentsRecord, once replicas exist
-        self._persistents_stale = False  # replica 0 has newer ones
-        self._persistents_fetches = 0
         self._watch = master_module.TrainerWatch(self.sync_persistents)
         self._closed = False
         # Evaluator(..., device=devices[0]) evaluates there, as with
@@ -241,13 +225,10 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             raise ValueError('{} has no parameters: there is nothing to '
                              'train'.format(type(master).__name__))
         self._n_layers = readiness.count_layers(master)
-        self._chunking = chunk_choice.ChunkChoice(chunk_size, chunk_bytes,
-                                                  self._n_layers)
-        self._plan = None        # the ChunkPlan once formed
-        self._plan_sent = False  # whether the replicas hold self._plan
-        self._layout_unsent = None  # a flat layout the replicas must adopt
-        self._chunk_names = worker_module.runtime_chunk_names(
-            worker_module.whole_model_plan(self._names))
+        self._plans = plan_in_use.PlanInUse(
+            chunk_choice.ChunkChoice(chunk_size, chunk_bytes,
+                                     self._n_layers),
+            master)
 
     def connect_trainer(self, trainer):
         """Follows ``trainer``'s extensions: replica 0's BatchNormalization
@@ -267,35 +248,34 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     def chunk_plan(self):
         """The :class:`~cgdp_chainer.runtime.replica.readiness.ChunkPlan` in use,
         or None until the first iteration has formed it."""
-        return self._plan
+        return self._plans.plan
 
     @property
     def chunks(self):
         """Parameter names of each chunk, input side first (the first
         iteration, before the plan is formed, runs one chunk)."""
-        return [list(names) for names in self._chunk_names]
+        return [list(names) for names in self._plans.chunk_names]
 
     @property
     def chunk_size(self):
         """Layers per chunk in use (``None`` for boundaries or bytes)."""
-        return self._chunking.chunk_size
+        return self._plans.chunking.chunk_size
 
     @property
     def chunking_description(self):
         """The chunking in use in words, e.g. ``'129 chunks of >= 1 MiB'``
         (for figures and logs)."""
-        return self._chunking.describe(
-            None if self._plan is None else self._plan.n_chunks)
+        return self._plans.describe()
 
     @property
     def chunk_size_settled(self):
         """False while ``chunk_size='auto'`` is still trying sizes."""
-        return self._chunking.settled
+        return self._plans.chunking.settled
 
     @property
     def chunk_size_search(self):
         """The ``'auto'`` search (its ``history`` and ``best``), or None."""
-        return self._chunking.search
+        return self._plans.chunking.search
 
     @property
     def random_base(self):
@@ -317,38 +297,6 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             return None
         return self._replicas.round_trip_seconds(repeats)
 
-    def _use_plan(self, plan):
-        if plan == self._plan:
-            return
-        self._plan = plan
-        self._plan_sent = False
-        self._chunk_names = worker_module.runtime_chunk_names(plan)
-        if self._accumulator is not None:
-            self._follow_plan_in_layout()
-            self._accumulator.chunk_names = self._chunk_names
-
-    def _follow_plan_in_layout(self):
-        """Lays the flat buffers out in the plan's layer order where a chunk
-        is not one slice yet (once, after the first iteration: every later
-        plan cuts the same layers), between iterations; the replicas follow
-        with their next job."""
-        master = self._replicas.master
-        if all(master.layout.contiguous(names)
-               for names in self._chunk_names):
-            return
-        layout = master.layout.reordered(buffers.layer_order(self._plan))
-        self._replicas.relayout(layout)
-        self._accumulator.relayout(layout)
-        self._layout_unsent = layout
-
-    def _set_chunk_size(self, size):
-        plan = self._chunking.resize(size, self._named_params())
-        if plan is not None:
-            self._use_plan(plan)
-
-    def _named_params(self):
-        return list(self.get_optimizer('main').target.namedparams())
-
     # -- the iteration ----------------------------------------------------
 
     def update_core(self):
@@ -367,8 +315,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             # last update, nothing can have changed.
             self._structure.check(self.get_optimizer('main').target)
         try:
-            if self._update_counts is not None:
-                self._update_counts.begin_update()
+            self._ranks.begin_update()
             self._iterate(in_loop, edited)
         except BaseException as error:
             # Whatever failed (the converter, a hand-over, a worker, Ctrl-C
@@ -381,8 +328,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             if surfaced is error:
                 raise
             raise surfaced from None
-        if self._update_counts is not None:
-            self._update_counts.end_update()
+        self._ranks.end_update()
 
     def _iterate(self, in_loop, edited):
         """One iteration, as the algorithm goes: take the user's edits,
@@ -393,8 +339,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         whole batch's values and settle the chunking."""
         if self._device_view is not None:
             self._device_view.restore()  # after an evaluation that raised
-        broadcast, self._broadcast_first = self._broadcast_first, None
-        if broadcast is not None and broadcast.due():
+        broadcast = self._ranks.first_broadcast()
+        if broadcast is not None:
             self._broadcast_instead(broadcast)
             return
         if self._replicas is not None:
@@ -414,18 +360,18 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                 first_reports = self._start(batch)
         elif self._reduction_finder is not None:
             self._confirm_reduction(batch)
-        self._batch_statistics.check(
-            here=self._allreducer is None or self._allreducer.rank == 0)
+        self._batch_statistics.check(here=self._ranks.speaks)
         self._input_path.read_ahead()
-        forming = self._plan is None
+        forming = self._plans.plan is None
         results, seconds = self._run_replicas(batch, forming, in_loop,
                                               edited)
-        self._keep_persistents(results[0])
+        self._persistents.keep(results[0])
         # A GPU replica's values were copied to the host on its copy
         # stream, before its gradients, which the host has waited for.
         self._report([observations.settled(r.observation) for r in results],
                      batch.counts, first_reports)
-        self._settle_chunking(results, forming, seconds)
+        self._plans.settle([r.ready for r in results], forming, seconds,
+                           self._ranks.allreducer)
         self._new_epoch_if_due()
 
     def _new_epoch_if_due(self):
@@ -488,36 +434,9 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self._stop_replicas()
             raise self._failures.surfaced()
         if timeline is not None:
-            self._record_events(results, start, sync_end)
+            timeline.record_replicas(self.iteration, results, start,
+                                     sync_end)
         return results, seconds
-
-    def _keep_persistents(self, first):
-        """Takes the first replica's persistent values where it sent them;
-        else notes that the master's are behind."""
-        if first.persistents is not None:
-            self._load_replica_persistents(first.persistents)
-        else:
-            self._persistents_stale = self._has_persistents
-
-    def _settle_chunking(self, results, forming, seconds):
-        """Forms the chunk plan after the first iteration, and moves the
-        ``'auto'`` search on by this iteration's time."""
-        if forming:
-            try:
-                self._use_plan(self._chunking.form(
-                    [r.ready for r in results], self._named_params(),
-                    self._allreducer))
-            except BaseException:
-                self._stop_replicas()
-                raise
-        if self._chunking.search is not None:
-            # The size this iteration ran with; LogReport keeps the trail.
-            chainer.report({'cgdp/chunk_size': self._chunking.chunk_size})
-            # The first iteration runs one chunk to learn the ready order:
-            # its time says nothing about the size being tried.
-            if not self._chunking.settled and not forming:
-                self._set_chunk_size(self._chunking.searched(
-                    seconds, self._allreducer))
 
     def _jobs(self, n, forming, send_persistents):
         """The iteration's :class:`~cgdp_chainer.runtime.workers.worker.Job` of
@@ -530,40 +449,19 @@ class CGDPUpdater(standard_updater.StandardUpdater):
                 persistent values after the iteration.
         """
         seeds = [self._streams.seed(i, self.iteration) for i in range(n)]
-        refresh = (worker_module.save_persistents(
-            self.get_optimizer('main').target)
-            if self._refresh_persistents else None)
-        self._refresh_persistents = False
-        if refresh is not None:
-            self._persistents.remember(refresh)
+        refresh = self._persistents.for_job()
         config = worker_module.caller_config()
-        plan = None if forming or self._plan_sent else self._plan
-        self._plan_sent = not forming
-        layout, self._layout_unsent = self._layout_unsent, None
+        plan, fingerprint, layout = self._plans.for_job(forming)
         return [worker_module.Job(
             iteration=self.iteration, seed=seeds[i], plan=plan,
-            fingerprint=None if forming else self._plan.fingerprint,
+            fingerprint=fingerprint,
             record_events=self.timeline is not None,
-            send_persistents=(i == 0 and self._has_persistents and
+            send_persistents=(i == 0 and self._persistents.present and
                               send_persistents),
             persistents=refresh, config=config,
             loss_scale=self.get_optimizer('main')._loss_scale,
             layout=layout)
             for i in range(n)]
-
-    def _record_events(self, results, start, sync_end):
-        """Puts the replicas' events on the timeline and closes the
-        iteration there."""
-        timeline = self.timeline
-        for index, result in enumerate(results):
-            for kind, chunk, begin, end in result.events:
-                timeline.record(self.iteration, index, kind, chunk,
-                                begin - timeline.origin,
-                                end - timeline.origin)
-            if result.copies is not None:
-                timeline.count_copies(self.iteration, index, result.copies)
-        timeline.end_iteration(self.iteration, start, timeline.now(),
-                               sync_end)
 
     def _take_user_edits(self, edited):
         """Makes the replicas train from the master as user code left it
@@ -582,20 +480,18 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         # written, in place or not.
         self._replicas.master.sync(self._names)
         self._publish_to_gpus()
-        if edited and self._has_persistents and self._persistents.changed():
-            self._refresh_persistents = True
-            self._persistents_stale = False
+        self._persistents.after_edit()
 
     def _publish_to_gpus(self):
         """Sends every chunk of the master to the GPU replicas, which hold
         copies (host replicas read the master's buffer)."""
-        if self._layout_unsent is not None:
+        if self._plans.layout_unsent is not None:
             # Adopting the new layout takes the whole buffer again; the
             # replicas' spans are still the old layout's.
             return
         for port in self._replicas.ports:
             if port.is_gpu:
-                for chunk, names in enumerate(self._chunk_names):
+                for chunk, names in enumerate(self._plans.chunk_names):
                     port.publish(chunk, names)
 
     def sync_persistents(self):
@@ -607,14 +503,14 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         outside one, after every ``update()``. Call this before reading the
         master's statistics from other code within a Trainer's loop.
         """
-        if not self._persistents_stale or self._replicas is None or \
+        if not self._persistents.stale or self._replicas is None or \
                 self._closed:
             return
         values = self._replicas.fetch_persistents(0)
         if self._failures.failed:
             self._stop_replicas()
             raise self._failures.surfaced()
-        self._load_replica_persistents(values)
+        self._persistents.load(values)
 
     @contextlib.contextmanager
     def unattended(self):
@@ -644,15 +540,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
     def persistents_fetches(self):
         """How many times the first replica's persistent values were
         copied into the master."""
-        return self._persistents_fetches
-
-    def _load_replica_persistents(self, values):
-        worker_module.load_persistents(
-            self.get_optimizer('main').target, values,
-            chainer.get_device('@numpy'))
-        self._persistents.remember(values)
-        self._persistents_stale = False
-        self._persistents_fetches += 1
+        return self._persistents.fetches
 
     def _next_batches(self):
         """This iteration's examples: the 'main' iterator's batch split over
@@ -700,14 +588,16 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             first_reports = self._forward_on_master(batch.whole_inputs)
             master.to_device('@numpy')
             readiness.refuse_uninitialized(master)
-        if self._mpi_comm is not None:
-            self._join_ranks(master, optimizer)
+        self._ranks.join(master, optimizer)
+        if self._ranks.allreducer is not None:
+            # Every rank derives its replicas' streams from rank 0's seed.
+            self._streams.agree(self._ranks.allreducer)
         if self._static_graph_methods:
             self._say(*static_graph_models.describe(
                 self._static_graph_methods), level=log.NOTICE)
         finder = loss_reduction.ReductionFinder(
             master, self.loss_func, len(self._devices), self._report_kinds,
-            self._allreducer, self._streams.base, self._say)
+            self._ranks.allreducer, self._streams.base, self._say)
         self.reduction = finder.find(batch, self.reduction)
         if finder.confirming:
             self._reduction_finder = finder
@@ -715,29 +605,24 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self.timeline.name_tracks(
                 ['replica {} {}'.format(index, devices_module.spec_of(device))
                  for index, device in enumerate(self._devices)],
-                rank=getattr(self._allreducer, 'rank', None))
-        if self._chunking.chooser is not None:
-            self._choose_chunk_size(master, shared.copied_inputs(batch.inputs[0]))
+                rank=self._ranks.rank)
+        if self._plans.chunking.chooser is not None:
+            self._plans.resize(self._plans.chunking.ask_chooser(
+                master, self._devices[0],
+                shared.copied_inputs(batch.inputs[0]), len(self._devices),
+                self.loss_func, self._host_threads, self.workers, optimizer,
+                self._ranks.allreducer))
         self._structure = master_module.MasterStructure(master)
-        self._persistents = master_module.PersistentsRecord(master)
-        if self.workers == 'process':
-            replicas = channels.ProcessReplicas(
-                master, self._devices, self.loss_func, self._failures,
-                blas_threads=self._blas_threads,
-                start_method=self._start_method, launched=self._launched)
-            self._launched = None  # the replicas own them now
-        else:
-            replicas = channels.ThreadReplicas(
-                master, self._devices, self.loss_func, self._failures,
-                blas_threads=self._blas_threads,
-                device_copies=self._device_copies)
+        self._persistents.start()
+        replicas = self._make_replicas(master)
         try:
             self._accumulator = accumulator_module.HostAccumulator(
-                optimizer, replicas.ports, self._chunk_names,
+                optimizer, replicas.ports, self._plans.chunk_names,
                 self.reduction, self._failures, replicas.master,
                 n_threads=self._host_threads, timeline=self.timeline,
-                allreducer=self._allreducer)
+                allreducer=self._ranks.allreducer)
             self._replicas = replicas
+            self._plans.attach(replicas, self._accumulator)
             replicas.start(self._accumulator.deliver)
             # A GPU replica's share is staged where it is converted.
             self._input_path.stage_with(replicas.stagers)
@@ -750,26 +635,20 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             raise
         return first_reports
 
-    def _join_ranks(self, master, optimizer):
-        """Checks that the ranks train the same, starts every rank from
-        rank 0's weights and sets up the all-reduce and the watch over
-        the ranks' ``update()`` counts."""
-        from cgdp_chainer import mpi
-        mpi.FirstUpdateGate(self._mpi_comm).wait()  # names a peer that ended
-        mpi.check_consistency(self._mpi_comm, master, optimizer)
-        # Every rank starts from rank 0's weights, before replicas are
-        # copied from the master.
-        mpi.broadcast_parameters(self._mpi_comm, master)
-        self._allreducer = mpi.ChunkAllreducer(self._mpi_comm)
-        # A rank that stops calling update() before its peers fails
-        # their waiting update() with the counts; this call counts.
-        self._update_counts = mpi.UpdateCountWatch(
-            self._mpi_comm, lambda error: self._failures.fail(
-                error, 'update count watch'),
-            patience=self._update_patience)
-        self._update_counts.begin_update()
-        # Every rank derives its replicas' streams from rank 0's seed.
-        self._streams.agree(self._allreducer)
+    def _make_replicas(self, master):
+        """The replicas, each in a worker process (those launched ahead,
+        see :meth:`_iterate`) or a thread, copied from ``master``."""
+        if self.workers == 'process':
+            replicas = channels.ProcessReplicas(
+                master, self._devices, self.loss_func, self._failures,
+                blas_threads=self._blas_threads,
+                start_method=self._start_method, launched=self._launched)
+            self._launched = None  # the replicas own them now
+            return replicas
+        return channels.ThreadReplicas(
+            master, self._devices, self.loss_func, self._failures,
+            blas_threads=self._blas_threads,
+            device_copies=self._device_copies)
 
     def _forward_on_master(self, in_arrays):
         """StandardUpdater's first forward on the master: initializes lazy
@@ -795,7 +674,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
 
     def _say(self, summary, details=None, level=log.INFO):
         """Logs a line (once, on rank 0 under MPI): :func:`log.say`."""
-        if self._allreducer is None or self._allreducer.rank == 0:
+        if self._ranks.speaks:
             log.say(summary, details, level)
 
     def _report(self, reported, counts, graphs=None):
@@ -811,25 +690,6 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         combined = observations.combine_all(reported, counts,
                                             self._report_kinds)
         chainer.report(observations.with_graphs(combined, graphs or {}))
-
-    def _choose_chunk_size(self, master, sample_inputs):
-        device = self._devices[0]
-        replica = copy.deepcopy(master)
-        replica.to_device(device)
-        # The profile runs the replica's loss, which reports to its own
-        # observers; a private reporter keeps that out of the Trainer's.
-        reporter = chainer.Reporter()
-        reporter.add_observer('main', replica)
-        reporter.add_observers('main', replica.namedlinks(skipself=True))
-        with reporter.scope({}):
-            size = self._chunking.chooser(
-                replica, device,
-                worker_module.send_inputs(device, sample_inputs),
-                len(self._devices), self.loss_func,
-                self._host_threads, self.workers,
-                optimizer=self.get_optimizer('main'))
-        del replica
-        self._set_chunk_size(self._chunking.chosen(size, self._allreducer))
 
     # -- state ------------------------------------------------------------
 
@@ -848,8 +708,7 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             # The restored state and counts form the fused runs anew.
             self._accumulator.forget_programs()
             self._publish_to_gpus()
-            self._refresh_persistents = True
-            self._persistents_stale = False
+            self._persistents.master_wins()
         if isinstance(serializer, chainer.serializer.Deserializer) and \
                 self._device_view is not None:
             self._device_view.invalidate()
@@ -874,9 +733,8 @@ class CGDPUpdater(standard_updater.StandardUpdater):
         if self._closed:
             return
         self._closed = True
-        if self._update_counts is not None:
-            # First: a peer waiting in a later update() hears it at once.
-            self._update_counts.close(self._failures.words())
+        # First: a peer waiting in a later update() hears it at once.
+        self._ranks.stop_counting(self._failures.words())
         if self._input_path is not None:
             self._input_path.close()  # its threads end with the workers
         # The host threads end first: they read the replicas' buffers,
@@ -887,5 +745,4 @@ class CGDPUpdater(standard_updater.StandardUpdater):
             self._replicas.close()
         if self._launched is not None:  # the first iteration failed first
             self._launched.close()
-        if self._allreducer is not None:
-            self._allreducer.close(abandon=self._failures.failed)
+        self._ranks.close(abandon=self._failures.failed)

@@ -9,11 +9,15 @@ model's chooser, registered from above the runtime) or a chooser callable.
 ready order, and re-forms it whenever the size changes.
 """
 import collections
+import copy
 import numbers
+
+import chainer
 
 from cgdp_chainer import log
 from cgdp_chainer.runtime.chunks import chunk_search
 from cgdp_chainer.runtime.chunks import chunking
+from cgdp_chainer.runtime.workers import worker as worker_module
 
 
 # The 'auto' search starts at the layer count that gives at most this many
@@ -137,6 +141,38 @@ class ChunkChoice(object):
         if self._ready is None:
             return None
         return self.plan_from(self._ready, named_params)
+
+    def ask_chooser(self, master, device, sample_inputs, n_devices,
+                    loss_func, host_threads, workers, optimizer, allreducer):
+        """Calls the chooser once, on a copy of ``master`` on the first
+        replica's ``device`` (see ``CGDPUpdater``'s ``chunk_size``).
+
+        Args:
+            master (chainer.Link): The master model (left as it is).
+            sample_inputs: A converted share of the first batch, in host
+                memory.
+            optimizer: The optimizer CGDP runs on the host.
+            allreducer: The ranks' all-reduce, or None.
+            n_devices, loss_func, host_threads, workers: As the chooser
+                takes them.
+
+        Returns:
+            int: Layers per chunk (see :meth:`chosen`).
+        """
+        replica = copy.deepcopy(master)
+        replica.to_device(device)
+        # The profile runs the replica's loss, which reports to its own
+        # observers; a private reporter keeps that out of the Trainer's.
+        reporter = chainer.Reporter()
+        reporter.add_observer('main', replica)
+        reporter.add_observers('main', replica.namedlinks(skipself=True))
+        with reporter.scope({}):
+            size = self.chooser(
+                replica, device,
+                worker_module.send_inputs(device, sample_inputs),
+                n_devices, loss_func, host_threads, workers,
+                optimizer=optimizer)
+        return self.chosen(size, allreducer)
 
     def chosen(self, size, allreducer):
         """Checks a chooser's answer and makes every rank use rank 0's;
