@@ -179,7 +179,6 @@ def test_iterator_list_is_named_and_main_is_the_first():
 
 
 @pytest.mark.parametrize('kwargs, message', [
-    (dict(devices=None), 'devices must be a list or tuple'),
     (dict(devices=-1), 'devices must be a list or tuple'),
     (dict(devices={}), "dict without a 'main' key"),
     (dict(devices={'a': -1}), "dict without a 'main' key"),

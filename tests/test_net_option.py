@@ -303,8 +303,10 @@ def test_make_experiment_runs_a_callable(tmp_path):
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stderr
     from experiments import results
-    runs, = os.listdir(os.path.join(out, TINY))
-    folder = os.path.join(out, TINY, runs)
+    net_folder = os.path.join(out, results.net_folder(TINY))
+    assert ':' not in os.path.basename(net_folder)
+    runs, = os.listdir(net_folder)
+    folder = os.path.join(net_folder, runs)
     summary = results.read_csv(os.path.join(folder, results.SUMMARY_FILE))
     assert sorted((r['mode'], r['n_devices']) for r in summary) == [
         ('cgdp', 1), ('cgdp', 2), ('typical', 1), ('typical', 2)]

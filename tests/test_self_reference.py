@@ -18,6 +18,7 @@ import chainer.links as L
 from chainer.graph_optimizations.static_graph import static_graph
 
 import equivalence
+from log_capture import said  # NOQA: the fixture
 from equivalence import WORKERS, assert_same_params, cgdp, standard  # NOQA
 from cgdp_chainer.runtime.workers import replica_copy
 from cgdp_chainer.runtime.replica import static_graph_models
@@ -437,14 +438,13 @@ def _schedules(link, mode):
                                          (StaticWithOptions,
                                           'StaticWithOptions.forward')])
 def test_a_static_graph_model_equals_standard_updater(workers, net, method,
-                                                      capsys):
+                                                      said):
     # StandardUpdater replays the static schedule from the second
     # iteration on; 5 iterations run it 4 times.
     def make():
         return L.Classifier(net())
     reference, expected = _static_reference(make, 5)
     assert _schedules(reference.predictor, 'train')  # the schedule ran
-    capsys.readouterr()
     model = _fresh(make)
     actual = _train_evaluating(model, cgdp(2, workers=workers), 5,
                                evaluate=False)
@@ -452,11 +452,11 @@ def test_a_static_graph_model_equals_standard_updater(workers, net, method,
     _assert_trained(_initialized(make), expected)
     # The master ran define-by-run too: no schedule left unfinished on it.
     assert _schedules(model.predictor, 'train') == []
-    said = [line for line in capsys.readouterr().out.splitlines()
-            if line.startswith('CGDP @static_graph')]
-    assert len(said) == 1
-    assert "{} (the model's link '/predictor')".format(method) in said[0]
-    assert 'define-by-run' in said[0]
+    lines = [line for line in said().splitlines()
+             if line.startswith('CGDP @static_graph')]
+    assert len(lines) == 1
+    assert "{} (the model's link '/predictor')".format(method) in lines[0]
+    assert 'define-by-run' in lines[0]
 
 
 @pytest.mark.slow

@@ -385,7 +385,6 @@ def _updater(devices=('@numpy', '@numpy'), batch=BATCH, **kwargs):
     (dict(chunk_bytes=0), 'chunk_bytes must be a positive integer'),
     (dict(chunk_size=2, chunk_bytes=100), 'not both'),
     (dict(reduction='max'), "unknown reduction 'max'"),
-    (dict(devices=None), 'devices must be a list'),
     (dict(devices=3), 'devices must be a list'),
     (dict(host_threads=0), 'host_threads must be a positive integer'),
     (dict(host_threads=1.5), 'host_threads must be a positive integer'),

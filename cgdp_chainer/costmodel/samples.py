@@ -20,7 +20,6 @@ returns a :class:`ProbedModel`, or raises ``ValueError`` saying what is
 wrong and what to give instead.
 """
 import inspect
-import warnings
 
 import chainer
 import chainer.links
@@ -151,22 +150,12 @@ class _LabelWidth(chainer.FunctionHook):
 
 
 def _quiet_forward(call, name, what, shape):
-    """``call()`` in training mode without a graph, warnings silenced (a
-    small batch makes batch normalization warn) and NumPy's global random
-    state (dropout) restored; a failure becomes a ValueError."""
-    saved = numpy.random.get_state()
-    try:
-        with warnings.catch_warnings(), \
-                chainer.using_config('train', True), \
-                chainer.using_config('enable_backprop', False):
-            warnings.simplefilter('ignore')
-            return call()
-    except Exception as error:  # any failure of the user's model
-        raise ValueError('--net {}: {} on inputs of shape {} failed: {}: '
-                         '{}'.format(name, what, describe_shape(shape),
-                                     type(error).__name__, error))
-    finally:
-        numpy.random.set_state(saved)
+    """``call()`` as :func:`cgdp_chainer.models.custom.quiet_forward` runs
+    it, its failure naming the model, what failed and the inputs' shape."""
+    from cgdp_chainer.models import custom
+    return custom.quiet_forward(call, '--net {}: {} on inputs of shape {} '
+                                'failed'.format(name, what,
+                                                describe_shape(shape)))
 
 
 def _predictor_width(link, name, input_shape):

@@ -145,21 +145,8 @@ def probe(net, link, n_classes, image_size):
     link.to_device('@numpy')
     x = numpy.random.RandomState(0).uniform(
         -1, 1, (1, 3, image_size, image_size)).astype(numpy.float32)
-    saved = numpy.random.get_state()
-    try:
-        # One image in training mode makes batch normalization warn that
-        # its output is zero: true, and harmless for a check of shapes.
-        with warnings.catch_warnings(), \
-                chainer.using_config('train', True), \
-                chainer.using_config('enable_backprop', False):
-            warnings.simplefilter('ignore')
-            y = link(x)
-    except Exception as error:  # any failure of the user's model
-        raise ValueError('--net {}: its forward on one {}x{} image failed: '
-                         '{}: {}'.format(net, image_size, image_size,
-                                         type(error).__name__, error))
-    finally:
-        numpy.random.set_state(saved)
+    y = quiet_forward(lambda: link(x), '--net {}: its forward on one {}x{} '
+                      'image failed'.format(net, image_size, image_size))
     outputs = y if isinstance(y, tuple) else (y,)
     for output in outputs:
         shape = getattr(output, 'shape', None)
@@ -174,3 +161,36 @@ def probe(net, link, n_classes, image_size):
                 '{} classes, shape (1, {}){}'.format(
                     net, image_size, image_size, got, n_classes, n_classes,
                     hint))
+
+
+def quiet_forward(call, failure):
+    """``call()`` in training mode without a graph, for a check of shapes.
+
+    Warnings are silenced (a batch of one makes batch normalization warn
+    that its output is zero: true, and harmless here) and NumPy's global
+    random state (dropout) is restored afterwards.
+
+    Args:
+        call (callable): The forward, without arguments.
+        failure (str): What failed, for the message (``--net X: its forward
+            on ... failed``).
+
+    Returns:
+        What ``call()`` returned.
+
+    Raises:
+        ValueError: ``call()`` raised; the message is ``failure``, then the
+            error's type and words.
+    """
+    saved = numpy.random.get_state()
+    try:
+        with warnings.catch_warnings(), \
+                chainer.using_config('train', True), \
+                chainer.using_config('enable_backprop', False):
+            warnings.simplefilter('ignore')
+            return call()
+    except Exception as error:  # any failure of the user's model
+        raise ValueError('{}: {}: {}'.format(failure, type(error).__name__,
+                                             error))
+    finally:
+        numpy.random.set_state(saved)
