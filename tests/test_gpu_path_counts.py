@@ -387,7 +387,8 @@ def test_the_input_path_stages_a_batch_read_ahead_in_its_thread():
     iterator = chainer.iterators.SerialIterator(
         staged_models.dataset(n=4 * BATCH), BATCH, shuffle=False)
     path = input_path.InputPath(
-        [iterator], chainer.dataset.concat_examples, 2, True, lambda line: None)
+        [iterator], chainer.dataset.concat_examples, 2, True,
+        lambda *words: None)
     path.stage_with([staging.stage, None])
     me = threading.get_ident()
     try:

@@ -257,7 +257,9 @@ def test_base_seed_does_not_advance_the_global_state():
 
 # -- the caller's random state -------------------------------------------
 
-def _recorded_dataset(accessed):
+def _recorded_dataset(record):
+    """A dataset that appends each index it reads to the file ``record``
+    (from whichever process reads it)."""
     class Recording(chainer.dataset.DatasetMixin):
         def __init__(self):
             self.base = _dataset()
@@ -266,7 +268,8 @@ def _recorded_dataset(accessed):
             return len(self.base)
 
         def get_example(self, i):
-            accessed.append(int(i))
+            with open(record, 'a') as f:
+                f.write('{}\n'.format(int(i)))
             return self.base[i]
     return Recording()
 
@@ -276,17 +279,21 @@ def _standard(iterator, optimizer):
 
 
 @pytest.mark.parametrize('workers', ['thread', PROCESS])
-def test_caller_draws_and_shuffles_are_standard_updaters(workers):
+def test_caller_draws_and_shuffles_are_standard_updaters(workers, tmp_path):
     # Seven iterations of three per epoch: shuffles of three epochs, and a
     # lazily initialized layer whose initial weights come from the global
     # state at the first forward.
     runs = []
-    for make in (_standard, _cgdp(workers)):
-        accessed = []
+    # The reads are recorded in a file: where the input path reads ahead in
+    # a reader process (NumPy 2, see USAGE), they happen there.
+    for number, make in enumerate((_standard, _cgdp(workers))):
+        record = str(tmp_path / 'reads{}'.format(number))
         params, _, next_draws = _run(
             make, 'none', seed=2, iterations=7, lazy=True, shuffle=True,
-            dataset=_recorded_dataset(accessed))
-        runs.append((params, accessed, next_draws))
+            dataset=_recorded_dataset(record))
+        with open(record) as f:
+            runs.append((params, [int(i) for i in f.read().split()],
+                         next_draws))
     (expected, expected_order, expected_draws), \
         (actual, actual_order, actual_draws) = runs
     # The same reads in the same order; CGDP read the next batch ahead
